@@ -1,0 +1,9 @@
+"""Shared pieces of the GQA prefill attention bundle: definitions, workloads, packing, testing."""
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OP_TYPE = "gqa_ragged"
+MINI = "mini_flash_attention_prefill"
+RAGGED = "gqa_ragged_prefill_causal_h32_kv8_d128"
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128

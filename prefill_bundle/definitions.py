@@ -1,0 +1,127 @@
+"""The two Definitions of this bundle. Their references live as real files in references/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flashinfer_bench import Definition
+
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, RAGGED
+from .generated import GeneratedFile
+
+REFERENCES_DIR = Path(__file__).parent / "references"
+
+_CONST_AXES = {
+    "num_heads": {"type": "const", "value": NUM_HEADS, "description": "Query heads."},
+    "num_kv_heads": {
+        "type": "const",
+        "value": NUM_KV_HEADS,
+        "description": "Key/value heads; query head h reads KV head h // 4 (GQA group of 4).",
+    },
+    "head_dim": {"type": "const", "value": HEAD_DIM, "description": "Head dimension."},
+}
+
+_MASK_RULE = (
+    "The causal mask is bottom-right aligned (as FlashInfer and the TileLang tutorial): query i "
+    "of a sequence sees key j iff j <= i + seq_kv - seq_q. A query row that sees no key returns "
+    "zeros (not NaN)."
+)
+
+SPECS = {
+    MINI: {
+        "name": MINI,
+        "op_type": OP_TYPE,
+        "description": (
+            "GQA prefill attention over a padded batch (32 query heads, 8 KV heads, head_dim "
+            "128), float16 in and out, fp32 math. Scale 1/sqrt(head_dim); query head h reads KV "
+            "head h // 4. With causal=true, " + _MASK_RULE + " With causal=false every query sees "
+            "every key."
+        ),
+        "tags": ["stage:prefill", "attention:flash"],
+        "axes": {
+            "batch": {"type": "var", "description": "Sequences in the batch."},
+            "seq_q": {"type": "var", "description": "Query tokens per sequence."},
+            "seq_kv": {"type": "var", "description": "Key/value tokens per sequence."},
+            **_CONST_AXES,
+        },
+        "inputs": {
+            "q": {"shape": ["batch", "seq_q", "num_heads", "head_dim"], "dtype": "float16"},
+            "k": {"shape": ["batch", "seq_kv", "num_kv_heads", "head_dim"], "dtype": "float16"},
+            "v": {"shape": ["batch", "seq_kv", "num_kv_heads", "head_dim"], "dtype": "float16"},
+            "causal": {
+                "shape": None,
+                "dtype": "bool",
+                "description": "Apply the bottom-right aligned causal mask.",
+            },
+        },
+        "outputs": {
+            "out": {"shape": ["batch", "seq_q", "num_heads", "head_dim"], "dtype": "float16"}
+        },
+    },
+    RAGGED: {
+        "name": RAGGED,
+        "op_type": OP_TYPE,
+        "description": (
+            "Causal GQA prefill attention over a ragged batch (Llama-3.1-8B geometry: 32 query "
+            "heads, 8 KV heads, head_dim 128), bfloat16 in and out, fp32 math. Sequence s owns "
+            "query rows qo_indptr[s]:qo_indptr[s+1] and key/value rows kv_indptr[s]:kv_indptr[s+1]. "
+            "Logits are scaled by sm_scale; query head h reads KV head h // 4. " + _MASK_RULE + " "
+            "lse is the base-2 log-sum-exp of the scaled logits, log2(sum_j exp(sm_scale * q.k_j)), "
+            "as FlashInfer returns it. A sequence with no query or no key, and any query row that "
+            "sees no key, leaves output 0 and lse -inf."
+        ),
+        "tags": ["stage:prefill", "attention:flash", "model:llama-3.1-8b"],
+        "axes": {
+            "total_q": {"type": "var", "description": "Query tokens of all sequences."},
+            "total_kv": {"type": "var", "description": "Key/value tokens of all sequences."},
+            "len_indptr": {"type": "var", "description": "Sequences in the batch plus one."},
+            "num_qo_heads": _CONST_AXES["num_heads"],
+            "num_kv_heads": _CONST_AXES["num_kv_heads"],
+            "head_dim": _CONST_AXES["head_dim"],
+        },
+        "constraints": ["total_q == qo_indptr[-1]", "total_kv == kv_indptr[-1]"],
+        "inputs": {
+            "q": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "bfloat16"},
+            "k": {"shape": ["total_kv", "num_kv_heads", "head_dim"], "dtype": "bfloat16"},
+            "v": {"shape": ["total_kv", "num_kv_heads", "head_dim"], "dtype": "bfloat16"},
+            "qo_indptr": {
+                "shape": ["len_indptr"],
+                "dtype": "int32",
+                "description": "Query row offsets: non-decreasing, starts at 0, ends at total_q.",
+            },
+            "kv_indptr": {
+                "shape": ["len_indptr"],
+                "dtype": "int32",
+                "description": "Key/value row offsets: non-decreasing, starts at 0, ends at total_kv.",
+            },
+            "sm_scale": {
+                "shape": None,
+                "dtype": "float32",
+                "description": "Softmax scale, usually 1/sqrt(head_dim).",
+            },
+        },
+        "outputs": {
+            "output": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "bfloat16"},
+            "lse": {
+                "shape": ["total_q", "num_qo_heads"],
+                "dtype": "float32",
+                "description": "Base-2 log-sum-exp of the scaled logits; -inf for a row with no key.",
+            },
+        },
+    },
+}
+
+
+def reference_path(name: str) -> Path:
+    return REFERENCES_DIR / f"{name}.py"
+
+
+def build_definition(name: str) -> Definition:
+    return Definition.model_validate({**SPECS[name], "reference": reference_path(name).read_text()})
+
+
+def definition_files() -> list[GeneratedFile]:
+    return [
+        GeneratedFile(f"definitions/{OP_TYPE}/{name}.json", build_definition(name))
+        for name in SPECS
+    ]

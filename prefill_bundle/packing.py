@@ -1,0 +1,120 @@
+"""Solution packing: kernel sources are real files under solutions/<op_type>/<backend>/; the
+Solution JSON beside them (sources embedded) is generated from them by scripts/generate.py.
+
+A new backend adds its entries to SOLUTIONS; nothing else needs to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashinfer_bench import Solution
+
+from . import MINI, OP_TYPE, RAGGED, REPO_ROOT
+from .generated import GeneratedFile
+
+BASELINE_AUTHOR = "baseline"
+BUNDLE_AUTHOR = "gqa-prefill-bundle"
+
+
+@dataclass(frozen=True)
+class SolutionSpec:
+    name: str
+    definition: str
+    backend: str  # folder under solutions/<op_type>/
+    language: str
+    entry_point: str  # "<file>::<function>", file relative to the backend folder
+    sources: tuple  # files relative to the backend folder, all embedded in the JSON
+    description: str
+    author: str = BUNDLE_AUTHOR
+    destination_passing_style: bool = True
+    binding: str | None = None
+    dependencies: tuple = ()
+
+    @property
+    def folder(self):
+        return REPO_ROOT / "solutions" / OP_TYPE / self.backend
+
+    @property
+    def json_path(self) -> str:
+        return f"solutions/{OP_TYPE}/{self.backend}/{self.name}.json"
+
+
+_FLASHINFER = dict(
+    backend="flashinfer",
+    language="python",
+    sources=("flashinfer_prefill.py",),
+    author=BASELINE_AUTHOR,
+    dependencies=("flashinfer-python",),
+)
+_SDPA = dict(
+    backend="sdpa",
+    language="python",
+    sources=("sdpa_prefill.py",),
+    author=BASELINE_AUTHOR,
+    destination_passing_style=False,
+)
+
+SOLUTIONS = [
+    SolutionSpec(
+        name="flashinfer_mini",
+        definition=MINI,
+        entry_point="flashinfer_prefill.py::run_padded",
+        description="Baseline: FlashInfer BatchPrefillWithRaggedKVCacheWrapper (fa3 on Hopper), "
+        "the padded batch viewed as a ragged one, plan cached per shape.",
+        **_FLASHINFER,
+    ),
+    SolutionSpec(
+        name="flashinfer_ragged",
+        definition=RAGGED,
+        entry_point="flashinfer_prefill.py::run_ragged",
+        description="Baseline: FlashInfer BatchPrefillWithRaggedKVCacheWrapper (fa3 on Hopper), "
+        "plan cached per (total_q, total_kv, batch).",
+        **_FLASHINFER,
+    ),
+    SolutionSpec(
+        name="sdpa_mini",
+        definition=MINI,
+        entry_point="sdpa_prefill.py::run_padded",
+        description="Baseline: torch scaled_dot_product_attention with GQA, backends in the "
+        "order cuDNN, Flash, efficient, math; explicit bottom-right mask when seq_q != seq_kv.",
+        **_SDPA,
+    ),
+    SolutionSpec(
+        name="sdpa_ragged",
+        definition=RAGGED,
+        entry_point="sdpa_prefill.py::run_ragged",
+        description="Baseline: the varlen FlashAttention kernel behind torch SDPA "
+        "(aten._flash_attention_forward), which also returns the log-sum-exp.",
+        **_SDPA,
+    ),
+]
+
+
+def build_solution(spec: SolutionSpec) -> Solution:
+    sources = [
+        {"path": path, "content": (spec.folder / path).read_text()} for path in spec.sources
+    ]
+    build = {
+        "language": spec.language,
+        "target_hardware": ["cuda"],
+        "entry_point": spec.entry_point,
+        "dependencies": list(spec.dependencies),
+        "destination_passing_style": spec.destination_passing_style,
+    }
+    if spec.binding:
+        build["binding"] = spec.binding
+    return Solution.model_validate(
+        {
+            "name": spec.name,
+            "definition": spec.definition,
+            "author": spec.author,
+            "description": spec.description,
+            "spec": build,
+            "sources": sources,
+        }
+    )
+
+
+def solution_files() -> list[GeneratedFile]:
+    return [GeneratedFile(spec.json_path, build_solution(spec)) for spec in SOLUTIONS]

@@ -1,0 +1,179 @@
+"""One test matrix and one correctness check, shared by every backend's tests.
+
+Cases are small enough for the Triton interpreter on CPU (CPU_*) or large for the GPU (GPU_*).
+A solution is always exercised as packed: built by flashinfer-bench from its generated JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from flashinfer_bench import Definition, Solution
+from flashinfer_bench.compile import BuilderRegistry
+
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, RAGGED, REPO_ROOT
+from .workloads import MINI_SHAPES, RAGGED_BATCHES, lengths_to_indptr
+
+ATOL = RTOL = 1e-2
+MAX_NORMWISE_ERROR = 2e-3
+
+
+@dataclass(frozen=True)
+class PaddedCase:
+    batch: int
+    seq_q: int
+    seq_kv: int
+    causal: bool
+    dtype: torch.dtype = torch.float16
+    definition = MINI
+
+    @property
+    def id(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"b{self.batch}_q{self.seq_q}_kv{self.seq_kv}_{mask}_{str(self.dtype)[6:]}"
+
+
+@dataclass(frozen=True)
+class RaggedCase:
+    q_lens: tuple
+    kv_lens: tuple
+    dtype: torch.dtype = torch.bfloat16
+    definition = RAGGED
+
+    @property
+    def id(self) -> str:
+        pairs = "_".join(f"{q}x{kv}" for q, kv in zip(self.q_lens, self.kv_lens))
+        return f"ragged_{pairs[:60]}_{len(self.q_lens)}seq_{str(self.dtype)[6:]}"
+
+
+# Small shapes for the interpreter: lengths off the tile grid, length 1, seq_q != seq_kv both
+# ways (seq_q > seq_kv leaves causal rows that see no key), several sequences, both dtypes.
+CPU_PADDED_CASES = [
+    PaddedCase(1, 1, 1, True),
+    PaddedCase(2, 37, 53, True),
+    PaddedCase(2, 37, 53, False),
+    PaddedCase(1, 70, 19, True),  # 51 query rows see no key
+    PaddedCase(1, 64, 64, True, torch.bfloat16),
+    PaddedCase(3, 5, 130, False),
+]
+CPU_RAGGED_CASES = [
+    RaggedCase((1,), (1,)),
+    RaggedCase((7, 0, 33), (7, 0, 40)),  # an empty sequence
+    RaggedCase((16, 5), (16, 0)),  # queries without keys
+    RaggedCase((0, 0), (3, 0)),  # no query at all
+    RaggedCase((45, 20), (12, 70)),  # seq_q > seq_kv, then seq_q < seq_kv
+    RaggedCase((65, 1, 17), (65, 1, 17), torch.float16),
+]
+
+# Every workload's shape plus the edges, at sizes that matter on the GPU.
+GPU_PADDED_CASES = [PaddedCase(s.batch, s.seq_q, s.seq_kv, s.causal) for s in MINI_SHAPES] + [
+    PaddedCase(2, 1000, 300, True),  # seq_q > seq_kv: 700 rows per sequence see no key
+    PaddedCase(3, 129, 257, True),
+    PaddedCase(1, 1, 4097, True),
+    PaddedCase(2, 333, 777, False, torch.bfloat16),
+    PaddedCase(1, 32768, 32768, True),
+]
+GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
+    RaggedCase((1000, 0, 77), (300, 0, 77)),
+    RaggedCase((129, 3, 511), (257, 0, 2049)),
+    RaggedCase((32768,), (32768,)),
+    RaggedCase((100, 200), (500, 400), torch.float16),
+]
+
+
+def make_inputs(case, device, seed: int = 0) -> list:
+    """Fresh random inputs in the definition's argument order."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=case.dtype)
+
+    if isinstance(case, PaddedCase):
+        q = randn(case.batch, case.seq_q, NUM_HEADS, HEAD_DIM)
+        k = randn(case.batch, case.seq_kv, NUM_KV_HEADS, HEAD_DIM)
+        v = randn(case.batch, case.seq_kv, NUM_KV_HEADS, HEAD_DIM)
+        return [q, k, v, case.causal]
+    total_q, total_kv = sum(case.q_lens), sum(case.kv_lens)
+    return [
+        randn(total_q, NUM_HEADS, HEAD_DIM),
+        randn(total_kv, NUM_KV_HEADS, HEAD_DIM),
+        randn(total_kv, NUM_KV_HEADS, HEAD_DIM),
+        lengths_to_indptr(case.q_lens).to(device),
+        lengths_to_indptr(case.kv_lens).to(device),
+        1.0 / math.sqrt(HEAD_DIM),
+    ]
+
+
+@lru_cache(maxsize=None)
+def load_definition(name: str) -> Definition:
+    path = REPO_ROOT / "definitions" / OP_TYPE / f"{name}.json"
+    return Definition.model_validate_json(path.read_text())
+
+
+@lru_cache(maxsize=None)
+def reference(name: str):
+    """The definition's own reference `run`, executed from its JSON (the contract)."""
+    namespace: dict = {}
+    exec(compile(load_definition(name).reference, f"<reference {name}>", "exec"), namespace)
+    return namespace["run"]
+
+
+def reference_outputs(case, inputs) -> list:
+    out = reference(case.definition)(*inputs)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def poisoned_outputs(case, inputs) -> list:
+    """Output buffers full of NaN, so that an element the kernel never writes shows."""
+    q = inputs[0]
+    if isinstance(case, PaddedCase):
+        return [torch.full_like(q, float("nan"))]
+    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)
+    return [torch.full_like(q, float("nan")), lse]
+
+
+@lru_cache(maxsize=None)
+def load_solution(name: str) -> Solution:
+    for path in (REPO_ROOT / "solutions").rglob(f"{name}.json"):
+        return Solution.model_validate_json(path.read_text())
+    raise KeyError(f"no solution named {name!r} under solutions/")
+
+
+@lru_cache(maxsize=None)
+def build_solution(name: str):
+    """Build the packed solution exactly as flashinfer-bench does."""
+    solution = load_solution(name)
+    return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
+
+
+def run_solution(name: str, case, inputs) -> list:
+    runnable = build_solution(name)
+    if runnable.metadata.destination_passing_style:
+        outputs = poisoned_outputs(case, inputs)
+        runnable(*inputs, *outputs)
+        return outputs
+    result = runnable(*inputs)
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def check_outputs(actual: list, expected: list, names=("out", "lse")) -> None:
+    """The one correctness check: no NaN, allclose at 1e-2, normwise error <= 2e-3.
+
+    -inf is allowed only where the reference has -inf (an lse row that sees no key)."""
+    assert len(actual) == len(expected)
+    for name, got, want in zip(names, actual, expected):
+        assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+        assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+        got, want = got.float().cpu(), want.float().cpu()
+        assert not got.isnan().any(), f"{name}: {int(got.isnan().sum())} NaN (unwritten?)"
+        want_inf = want.isinf()
+        assert torch.equal(got.isinf(), want_inf), f"{name}: inf where the reference has none"
+        assert torch.equal(got[want_inf], want[want_inf]), f"{name}: wrong sign of inf"
+        got, want = got[~want_inf], want[~want_inf]
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
+        if want.numel():
+            error = (got - want).norm() / want.norm().clamp_min(1e-30)
+            assert error <= MAX_NORMWISE_ERROR, f"{name}: normwise error {error:.2e}"

@@ -1,0 +1,64 @@
+"""Baseline: PyTorch's own attention kernels.
+
+Padded batches go through scaled_dot_product_attention with GQA, letting torch take the first
+backend that supports the call in the order cuDNN, FlashAttention, memory-efficient, math (cuDNN
+has no kernel for one-token sequences). SDPA's is_causal is top-left aligned, so a causal call with
+seq_q != seq_kv passes an explicit bottom-right mask instead. The ragged definition also needs the
+log-sum-exp, which SDPA does not return: it calls the varlen FlashAttention kernel behind SDPA
+(aten._flash_attention_forward, bottom-right causal, GQA native), which needs the longest lengths
+on the host, one small device-to-host copy per call. Both return their outputs (no out= in SDPA,
+so destination passing would cost an extra copy).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+_BACKENDS = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+_LOG2_E = 1.0 / math.log(2.0)
+_masks = {}
+
+
+def _bottom_right_mask(seq_q, seq_kv, device):
+    key = (seq_q, seq_kv, device)
+    if key not in _masks:
+        query_pos = torch.arange(seq_q, device=device)[:, None]
+        key_pos = torch.arange(seq_kv, device=device)[None, :]
+        _masks[key] = key_pos <= query_pos + (seq_kv - seq_q)
+    return _masks[key]
+
+
+def run_padded(q, k, v, causal):
+    seq_q, seq_kv = q.shape[1], k.shape[1]
+    mask = _bottom_right_mask(seq_q, seq_kv, q.device) if causal and seq_q != seq_kv else None
+    with sdpa_kernel(_BACKENDS, set_priority=True):
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),  # [batch, heads, seq, head_dim] views, no copy
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            is_causal=bool(causal) and mask is None,
+            enable_gqa=True,
+        )
+    return out.transpose(1, 2)
+
+
+def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale):
+    lengths = torch.stack([qo_indptr.diff(), kv_indptr.diff()]).amax(dim=1).tolist()
+    output, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q, k, v, qo_indptr, kv_indptr, lengths[0], lengths[1], 0.0, True, False, scale=sm_scale
+    )
+    if lse.dim() == 2:  # [heads, total_q], natural log
+        lse = lse.T
+    else:  # padded per sequence: [batch, heads, max_q]
+        rows = torch.arange(q.shape[0], device=q.device)
+        seq = torch.searchsorted(qo_indptr, rows, right=True) - 1
+        lse = lse[seq, :, rows - qo_indptr[seq]]
+    return output, lse * _LOG2_E

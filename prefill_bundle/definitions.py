@@ -64,11 +64,11 @@ SPECS = {
         "description": (
             "Causal GQA prefill attention over a ragged batch (Llama-3.1-8B geometry: 32 query "
             "heads, 8 KV heads, head_dim 128), bfloat16 in and out, fp32 math. Sequence s owns "
-            "query rows qo_indptr[s]:qo_indptr[s+1] and key/value rows kv_indptr[s]:kv_indptr[s+1]. "
-            "Logits are scaled by sm_scale; query head h reads KV head h // 4. " + _MASK_RULE + " "
-            "lse is the base-2 log-sum-exp of the scaled logits, log2(sum_j exp(sm_scale * q.k_j)), "
-            "as FlashInfer returns it. A sequence with no query or no key, and any query row that "
-            "sees no key, leaves output 0 and lse -inf."
+            "query rows qo_indptr[s]:qo_indptr[s+1] and key/value rows "
+            "kv_indptr[s]:kv_indptr[s+1]. Logits are scaled by sm_scale; query head h reads KV "
+            "head h // 4. " + _MASK_RULE + " lse is the base-2 log-sum-exp of the scaled logits, "
+            "log2(sum_j exp(sm_scale * q.k_j)), as FlashInfer returns it. A sequence with no query "
+            "or no key, and any query row that sees no key, leaves output 0 and lse -inf."
         ),
         "tags": ["stage:prefill", "attention:flash", "model:llama-3.1-8b"],
         "axes": {
@@ -92,7 +92,7 @@ SPECS = {
             "kv_indptr": {
                 "shape": ["len_indptr"],
                 "dtype": "int32",
-                "description": "Key/value row offsets: non-decreasing, starts at 0, ends at total_kv.",
+                "description": "Key/value row offsets: non-decreasing, from 0 to total_kv.",
             },
             "sm_scale": {
                 "shape": None,
@@ -105,7 +105,7 @@ SPECS = {
             "lse": {
                 "shape": ["total_q", "num_qo_heads"],
                 "dtype": "float32",
-                "description": "Base-2 log-sum-exp of the scaled logits; -inf for a row with no key.",
+                "description": "Base-2 log-sum-exp of the scaled logits; -inf with no key.",
             },
         },
     },

@@ -1,4 +1,4 @@
-"""Files generated from the sources (definitions, solutions, workloads, blobs), and their sync check.
+"""Generated files (definitions, solutions, workloads, blobs) and their sync check.
 
 Generated files are never edited by hand: `python scripts/generate.py` writes them, and
 `tests/test_dataset.py` fails when one on disk differs from what the sources give.

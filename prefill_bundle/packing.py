@@ -92,9 +92,7 @@ SOLUTIONS = [
 
 
 def build_solution(spec: SolutionSpec) -> Solution:
-    sources = [
-        {"path": path, "content": (spec.folder / path).read_text()} for path in spec.sources
-    ]
+    sources = [{"path": path, "content": (spec.folder / path).read_text()} for path in spec.sources]
     build = {
         "language": spec.language,
         "target_hardware": ["cuda"],

@@ -177,3 +177,10 @@ def check_outputs(actual: list, expected: list, names=("out", "lse")) -> None:
         if want.numel():
             error = (got - want).norm() / want.norm().clamp_min(1e-30)
             assert error <= MAX_NORMWISE_ERROR, f"{name}: normwise error {error:.2e}"
+
+
+def every_row_sees_a_key(case) -> bool:
+    """False when some query row has no visible key (only meaningful under a causal mask)."""
+    if isinstance(case, PaddedCase):
+        return not case.causal or case.seq_q <= case.seq_kv
+    return all(q == 0 or kv >= q for q, kv in zip(case.q_lens, case.kv_lens))

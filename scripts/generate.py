@@ -1,7 +1,7 @@
 """Write every generated file (definitions, solutions, workloads, blobs) from its sources.
 
-    python scripts/generate.py          # write what changed
-    python scripts/generate.py --check  # exit 1 if a generated file is out of sync
+python scripts/generate.py          # write what changed
+python scripts/generate.py --check  # exit 1 if a generated file is out of sync
 """
 
 import argparse

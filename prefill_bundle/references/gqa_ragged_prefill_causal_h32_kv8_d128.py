@@ -2,10 +2,13 @@ import math
 
 import torch
 
+QUERY_CHUNK = 4096  # query rows per step: bounds the fp32 logits to 4 x 4096 x seq_kv
+
 
 @torch.no_grad()
 def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
-    """Causal GQA attention over a ragged batch, in fp32, one (sequence, KV head) at a time.
+    """Causal GQA attention over a ragged batch in fp32, one (sequence, KV head, query chunk) at
+    a time.
 
     q: [total_q, 32, 128] bfloat16; k, v: [total_kv, 8, 128] bfloat16;
     qo_indptr, kv_indptr: [len_indptr] int32 (sequence s owns rows indptr[s]:indptr[s + 1]);
@@ -21,35 +24,36 @@ def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
 
     output = torch.zeros(total_q, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
-    qo_bounds = qo_indptr.tolist()
-    kv_bounds = kv_indptr.tolist()
+    qo_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
     for seq in range(len(qo_bounds) - 1):
         q_start, q_end = qo_bounds[seq], qo_bounds[seq + 1]
         kv_start, kv_end = kv_bounds[seq], kv_bounds[seq + 1]
         seq_q, seq_kv = q_end - q_start, kv_end - kv_start
         if seq_q == 0 or seq_kv == 0:
             continue  # output stays 0 and lse -inf
-
-        # Bottom-right aligned causal mask: query i sees key j iff j <= i + (seq_kv - seq_q).
-        query_pos = torch.arange(seq_q, device=q.device)[:, None]
         key_pos = torch.arange(seq_kv, device=q.device)[None, :]
-        visible = key_pos <= query_pos + (seq_kv - seq_q)
+        for chunk in range(0, seq_q, QUERY_CHUNK):
+            chunk_end = min(chunk + QUERY_CHUNK, seq_q)
+            rows = slice(q_start + chunk, q_start + chunk_end)
+            query_pos = torch.arange(chunk, chunk_end, device=q.device)[:, None]
+            # Bottom-right aligned causal mask: query i sees key j iff j <= i + (seq_kv - seq_q).
+            visible = key_pos <= query_pos + (seq_kv - seq_q)
+            for kv_head in range(num_kv_heads):
+                heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
+                q_group = q[rows, heads, :].float().transpose(0, 1)  # [group, rows, head_dim]
+                keys = k[kv_start:kv_end, kv_head, :].float()  # [seq_kv, head_dim]
+                values = v[kv_start:kv_end, kv_head, :].float()
 
-        for kv_head in range(num_kv_heads):
-            heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
-            q_group = q[q_start:q_end, heads, :].float().transpose(0, 1)  # [group, seq_q, d]
-            keys = k[kv_start:kv_end, kv_head, :].float()  # [seq_kv, d]
-            values = v[kv_start:kv_end, kv_head, :].float()
-
-            logits = (q_group @ keys.T) * sm_scale  # [group, seq_q, seq_kv]
-            logits = logits.masked_fill(~visible, float("-inf"))
-            row_max = logits.amax(dim=-1, keepdim=True)
-            # A row that sees no key has max -inf; use 0 so exp() gives 0 instead of NaN.
-            row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-            weights = torch.exp(logits - row_max)
-            denom = weights.sum(dim=-1, keepdim=True)
-            probs = torch.where(denom > 0, weights / denom, torch.zeros_like(weights))
-            output[q_start:q_end, heads, :] = (probs @ values).transpose(0, 1)
-            # Base-2 log-sum-exp of the scaled logits: log2(sum_j exp(logit_j)); -inf if no key.
-            lse[q_start:q_end, heads] = ((row_max + torch.log(denom)) * log2_e).squeeze(-1).T
+                logits = (q_group @ keys.T) * sm_scale  # [group, rows, seq_kv]
+                logits = logits.masked_fill(~visible, float("-inf"))
+                row_max = logits.amax(dim=-1, keepdim=True)
+                # A row that sees no key has max -inf; use 0 so exp() gives 0 instead of NaN.
+                row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+                weights = torch.exp(logits - row_max)
+                denom = weights.sum(dim=-1, keepdim=True)
+                probs = torch.where(denom > 0, weights / denom, torch.zeros_like(weights))
+                output[rows, heads, :] = (probs @ values).transpose(0, 1)
+                # Base-2 log-sum-exp of the scaled logits, log2(sum_j exp(logit_j)); -inf if no
+                # key is visible (log of a zero denominator).
+                lse[rows, heads] = ((row_max + torch.log(denom)) * log2_e).squeeze(-1).T
     return output.to(q.dtype), lse

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The GPU main job: benchmark every solution on every workload with flashinfer-bench, writing
+# traces/ afresh (all solutions in one run, so each workload's ratios come from the same window),
+# then print the summary. Run from the repository root on an H100 with the bundle installed:
+#     bash scripts/gpu_bench.sh                      # everything
+#     bash scripts/gpu_bench.sh --definitions NAME   # extra args go to `flashinfer-bench run`
+set -euo pipefail
+# flashinfer-bench's CUDA builder targets sm_90, not sm_90a, unless told: the wgmma path needs 90a.
+export TVM_FFI_CUDA_ARCH_LIST="${TVM_FFI_CUDA_ARCH_LIST:-9.0a}"
+export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0a}"
+clocks() { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader; }
+echo "gpu at start: $(clocks)"
+rm -rf traces && mkdir -p traces
+flashinfer-bench run --local . "$@"
+echo "gpu at end: $(clocks)"
+flashinfer-bench report summary --local .

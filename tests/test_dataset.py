@@ -1,0 +1,95 @@
+"""Every JSON file loads through flashinfer-bench's own models; workloads and blobs are coherent;
+generated files are in sync with their sources."""
+
+import torch
+from flashinfer_bench import TraceSet
+from safetensors.torch import load_file
+
+from prefill_bundle import MINI, RAGGED, REPO_ROOT
+from prefill_bundle.generated import out_of_sync
+from prefill_bundle.packing import SOLUTIONS
+from prefill_bundle.workloads import MINI_SHAPES, RAGGED_BATCHES
+
+
+def load():
+    return TraceSet.from_path(str(REPO_ROOT))
+
+
+def test_trace_set_loads_definitions_solutions_workloads():
+    ts = load()
+    assert set(ts.definitions) == {MINI, RAGGED}
+    assert {s.name for sols in ts.solutions.values() for s in sols} == {s.name for s in SOLUTIONS}
+    for name, sols in ts.solutions.items():
+        assert name in ts.definitions
+        for sol in sols:
+            assert sol.get_entry_source() is not None
+    assert len(ts.workloads[MINI]) == len(MINI_SHAPES) == 7
+    assert len(ts.workloads[RAGGED]) == len(RAGGED_BATCHES)
+
+
+def test_every_trace_refers_to_known_definition_and_solution():
+    ts = load()
+    names = {s.name for sols in ts.solutions.values() for s in sols}
+    for def_name, traces in ts.traces.items():
+        assert def_name in ts.definitions
+        for trace in traces:
+            assert trace.solution in names, f"trace of unknown solution {trace.solution}"
+
+
+def test_workload_axes_match_definition():
+    ts = load()
+    for name, traces in ts.workloads.items():
+        definition = ts.definitions[name]
+        for trace in traces:
+            assert set(trace.workload.axes) == set(definition.var_axes)
+            assert set(trace.workload.inputs) == set(definition.inputs)
+
+
+def test_ragged_blobs_agree_with_axes_and_constraints():
+    ts = load()
+    for trace in ts.workloads[RAGGED]:
+        axes, inputs = trace.workload.axes, trace.workload.inputs
+        tensors = {
+            name: load_file(str(REPO_ROOT / spec.path))[spec.tensor_key]
+            for name, spec in inputs.items()
+            if spec.type == "safetensors"
+        }
+        qo, kv = tensors["qo_indptr"], tensors["kv_indptr"]
+        for indptr, total in ((qo, axes["total_q"]), (kv, axes["total_kv"])):
+            assert indptr.dtype == torch.int32 and indptr.shape == (axes["len_indptr"],)
+            assert indptr[0] == 0 and indptr[-1] == total
+            assert torch.all(indptr.diff() >= 0)
+        q_lens, kv_lens = qo.diff(), kv.diff()
+        # flashinfer-bench judges any inf as wrong: every query row must see a key (causal).
+        assert torch.all((q_lens == 0) | (kv_lens >= q_lens)), trace.workload.uuid
+
+
+def test_workload_uuids_are_unique():
+    ts = load()
+    uuids = [t.workload.uuid for traces in ts.workloads.values() for t in traces]
+    assert len(uuids) == len(set(uuids))
+
+
+def test_generated_files_are_in_sync():
+    assert out_of_sync() == [], "run: python scripts/generate.py"
+
+
+def test_sync_check_catches_an_edited_source():
+    source = REPO_ROOT / "solutions" / "gqa_ragged" / SOLUTIONS[0].backend / SOLUTIONS[0].sources[0]
+    original = source.read_bytes()
+    try:
+        source.write_bytes(original + b"\n# edited after packing\n")
+        assert SOLUTIONS[0].json_path in out_of_sync()
+    finally:
+        source.write_bytes(original)
+    assert out_of_sync() == []
+
+
+def test_sync_check_catches_an_edited_reference():
+    reference = REPO_ROOT / "prefill_bundle" / "references" / f"{MINI}.py"
+    original = reference.read_bytes()
+    try:
+        reference.write_bytes(original.replace(b"QUERY_CHUNK = 4096", b"QUERY_CHUNK = 2048"))
+        assert f"definitions/gqa_ragged/{MINI}.json" in out_of_sync()
+    finally:
+        reference.write_bytes(original)

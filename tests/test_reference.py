@@ -1,0 +1,136 @@
+"""Each definition's reference (executed from its JSON) against an independent fp64 attention."""
+
+import math
+
+import pytest
+import torch
+
+from prefill_bundle import MINI, RAGGED
+from prefill_bundle.testing import PaddedCase, RaggedCase, load_definition, make_inputs, reference
+
+
+def attention_fp64(q, k, v, q_lens, kv_lens, scale, causal):
+    """Written differently on purpose: KV heads repeated, an additive mask, torch.logsumexp.
+
+    q: [total_q, H, D]; k, v: [total_kv, KV, D]. Returns (out [total_q, H, D], lse2 [total_q, H]).
+    """
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64)
+    q_off = kv_off = 0
+    for q_len, kv_len in zip(q_lens, kv_lens):
+        qs = q[q_off : q_off + q_len]
+        ks, vs = k[kv_off : kv_off + kv_len], v[kv_off : kv_off + kv_len]
+        logits = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        if causal:
+            i = torch.arange(q_len)[:, None]
+            j = torch.arange(kv_len)[None, :]
+            logits = logits + torch.where(j - i <= kv_len - q_len, 0.0, -math.inf)
+        seq_lse = torch.logsumexp(logits, dim=-1)  # [H, q_len], -inf where no key is visible
+        probs = torch.exp(logits - seq_lse[..., None]).nan_to_num(0.0)
+        out[q_off : q_off + q_len] = torch.einsum("hqk,khd->qhd", probs, vs)
+        lse[q_off : q_off + q_len] = (seq_lse / math.log(2.0)).T
+        q_off, kv_off = q_off + q_len, kv_off + kv_len
+    return out, lse
+
+
+PADDED = [
+    PaddedCase(1, 1, 1, True),
+    PaddedCase(2, 9, 9, True),
+    PaddedCase(2, 9, 9, False),
+    PaddedCase(1, 5, 23, True),  # seq_q < seq_kv: bottom-right alignment matters
+    PaddedCase(2, 23, 5, True),  # seq_q > seq_kv: 18 rows per sequence see no key
+    PaddedCase(1, 7, 3, False),
+]
+RAGGED_CASES = [
+    RaggedCase((1,), (1,)),
+    RaggedCase((4, 0, 11), (4, 0, 11)),  # an empty sequence
+    RaggedCase((3, 8), (10, 2)),  # seq_q < seq_kv, then seq_q > seq_kv
+    RaggedCase((5, 2), (0, 2)),  # queries with no key at all
+]
+
+
+def padded_fp64(case, q, k, v):
+    b, sq, skv = case.batch, case.seq_q, case.seq_kv
+    out, _ = attention_fp64(
+        q.flatten(0, 1),
+        k.flatten(0, 1),
+        v.flatten(0, 1),
+        [sq] * b,
+        [skv] * b,
+        1 / math.sqrt(q.shape[-1]),
+        case.causal,
+    )
+    return out.view(q.shape)
+
+
+@pytest.mark.parametrize("case", PADDED, ids=lambda c: c.id)
+def test_padded_reference_matches_fp64(case):
+    q, k, v, causal = make_inputs(case, "cpu", seed=1)
+    out = reference(MINI)(q, k, v, causal)
+    assert out.dtype == torch.float16 and out.shape == q.shape
+    torch.testing.assert_close(out.double(), padded_fp64(case, q, k, v), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("case", RAGGED_CASES, ids=lambda c: c.id)
+def test_ragged_reference_matches_fp64(case):
+    q, k, v, qo_indptr, kv_indptr, sm_scale = make_inputs(case, "cpu", seed=2)
+    output, lse = reference(RAGGED)(q, k, v, qo_indptr, kv_indptr, sm_scale)
+    want_out, want_lse = attention_fp64(q, k, v, case.q_lens, case.kv_lens, sm_scale, True)
+    assert output.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
+    assert torch.equal(lse.isinf(), want_lse.isinf())  # -inf exactly where no key is visible
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_without_keys_are_zero_not_nan():
+    case = RaggedCase((6,), (2,))
+    output, lse = reference(RAGGED)(*make_inputs(case, "cpu", seed=3))
+    assert torch.all(output[:4] == 0) and torch.all(lse[:4] == -math.inf)
+    assert torch.all(lse[4:].isfinite()) and not output.isnan().any()
+
+
+def test_gqa_maps_query_head_to_kv_head_h_div_4():
+    # Only KV head 5 carries a distinctive value; exactly query heads 20..23 must see it.
+    case = PaddedCase(1, 4, 4, False)
+    q, k, v, causal = make_inputs(case, "cpu", seed=4)
+    v = torch.zeros_like(v)
+    v[:, :, 5, :] = 1.0
+    out = reference(MINI)(q, k, v, causal)
+    heads_seeing_it = (out[0, 0, :, 0] == 1.0).nonzero().flatten().tolist()
+    assert heads_seeing_it == [20, 21, 22, 23]
+
+
+def test_lse_is_base_2():
+    # One key: lse = log2(exp(scaled logit)) = logit / ln 2.
+    case = RaggedCase((1,), (1,))
+    q, k, v, qo, kv, scale = make_inputs(case, "cpu", seed=5)
+    _, lse = reference(RAGGED)(q, k, v, qo, kv, scale)
+    logit = (q[0].float() * k[0].float().repeat_interleave(4, dim=0)).sum(-1) * scale
+    torch.testing.assert_close(lse[0], logit / math.log(2.0), atol=1e-5, rtol=1e-5)
+
+
+# The fp64 comparison must catch a broken reference: each mutation below is a plausible bug.
+MUTATIONS = {
+    "top-left causal mask": ("query_pos + (seq_kv - seq_q)", "query_pos"),
+    "natural-log lse": ("* log2_e).squeeze", "* 1.0).squeeze"),
+    "wrong GQA mapping": ("heads = slice(kv_head * group_size", "heads = slice(0 * group_size"),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_fp64_check_rejects_a_broken_reference(mutation):
+    old, new = MUTATIONS[mutation]
+    source = load_definition(RAGGED).reference
+    assert old in source
+    namespace = {}
+    exec(source.replace(old, new), namespace)
+    case = RaggedCase((3, 8), (10, 8))
+    q, k, v, qo, kv, scale = make_inputs(case, "cpu", seed=6)
+    output, lse = namespace["run"](q, k, v, qo, kv, scale)
+    want_out, want_lse = attention_fp64(q, k, v, case.q_lens, case.kv_lens, scale, True)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)

@@ -18,7 +18,9 @@ from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, RAGGED, REPO_ROO
 from .workloads import MINI_SHAPES, RAGGED_BATCHES, lengths_to_indptr
 
 ATOL = RTOL = 1e-2
-MAX_NORMWISE_ERROR = 2e-3
+# Normwise relative error allowed per output dtype. bf16 keeps 8 bits of mantissa against fp16's
+# 11: its rounding alone costs ~1.5e-3, and FlashInfer fa3 measured 2.4e-3 on the H100.
+MAX_NORMWISE_ERROR = {torch.float16: 2e-3, torch.bfloat16: 5e-3, torch.float32: 2e-3}
 
 
 @dataclass(frozen=True)
@@ -160,13 +162,14 @@ def run_solution(name: str, case, inputs) -> list:
 
 
 def check_outputs(actual: list, expected: list, names=("out", "lse")) -> None:
-    """The one correctness check: no NaN, allclose at 1e-2, normwise error <= 2e-3.
+    """The one correctness check: no NaN, allclose at 1e-2, normwise error <= 2e-3 (5e-3 bf16).
 
     -inf is allowed only where the reference has -inf (an lse row that sees no key)."""
     assert len(actual) == len(expected)
     for name, got, want in zip(names, actual, expected):
         assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
         assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+        max_error = MAX_NORMWISE_ERROR[want.dtype]
         got, want = got.float().cpu(), want.float().cpu()
         assert not got.isnan().any(), f"{name}: {int(got.isnan().sum())} NaN (unwritten?)"
         want_inf = want.isinf()
@@ -176,7 +179,7 @@ def check_outputs(actual: list, expected: list, names=("out", "lse")) -> None:
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m: f"{name}: {m}")
         if want.numel():
             error = (got - want).norm() / want.norm().clamp_min(1e-30)
-            assert error <= MAX_NORMWISE_ERROR, f"{name}: normwise error {error:.2e}"
+            assert error <= max_error, f"{name}: normwise error {error:.2e} > {max_error:.0e}"
 
 
 def every_row_sees_a_key(case) -> bool:

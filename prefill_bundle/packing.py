@@ -88,6 +88,26 @@ SOLUTIONS = [
         "(aten._flash_attention_forward), which also returns the log-sum-exp.",
         **_SDPA,
     ),
+    SolutionSpec(
+        name="triton_mini",
+        definition=MINI,
+        backend="triton",
+        language="triton",
+        entry_point="triton_prefill.py::run_padded",
+        sources=("triton_prefill.py", "attention_kernel.py"),
+        description="Triton FlashAttention-2 forward, the 4 query heads of a KV group packed "
+        "into one tile, causal tiles skipped or masked only on the diagonal.",
+    ),
+    SolutionSpec(
+        name="triton_ragged",
+        definition=RAGGED,
+        backend="triton",
+        language="triton",
+        entry_point="triton_prefill.py::run_ragged",
+        sources=("triton_prefill.py", "attention_kernel.py"),
+        description="Triton FlashAttention-2 forward over a ragged batch: grid sized from "
+        "total_q and the batch, sequences found by a binary search over qo_indptr in the kernel.",
+    ),
 ]
 
 

@@ -1,0 +1,124 @@
+"""On the GPU: time Triton launch configs against FlashInfer on the big padded shapes, and the
+host overhead of both entry points on the small ones. Interleaves the variants (A B A B) because
+the card heats up within a call. Writes nothing; prints tables.
+
+    python scripts/tune_triton.py [--quick]
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
+
+CONFIGS = [
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(HEADS_PER_TILE=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
+    dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+    dict(HEADS_PER_TILE=4, BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3),
+]
+BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
+       PaddedCase(1, 16384, 16384, False)]  # fmt: skip
+SMALL = [PaddedCase(1, 128, 128, True), PaddedCase(4, 512, 512, True)]
+
+
+def clocks():
+    import subprocess
+
+    return subprocess.run(
+        ["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw", "--format=csv,noheader"],
+        capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def module_of(runnable):
+    return sys.modules[runnable.metadata.misc["module_name"]]
+
+
+def launch_variant(triton_mod, meta, q, k, v, causal, out):
+    batch, seq_q, seq_kv = q.shape[0], q.shape[1], k.shape[1]
+    tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
+    grid = (batch * triton.cdiv(seq_q, tokens_per_tile), 32 // meta["HEADS_PER_TILE"])
+    full = dict(meta, CAUSAL=causal, RAGGED=False, WRITE_LSE=False, INTERPRETED=False)
+    return lambda: triton_mod.gqa_prefill_fwd[grid](
+        q, k, v, out, None, None, None, batch, seq_q, seq_kv, triton_mod.PADDED_QK_SCALE,
+        NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **full,
+    )  # fmt: skip
+
+
+def host_overhead(fn, calls=300):
+    """Python time per call with the GPU kept busy: what a call costs the host."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize()
+    return host * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    tri = build_solution("triton_mini")
+    fi = build_solution("flashinfer_mini")
+    triton_mod = module_of(tri)
+    print("gpu at start:", clocks())
+    results = []
+    for case in BIG:
+        q, k, v, causal = make_inputs(case, "cuda", seed=0)
+        out_fi = torch.empty_like(q)
+        fi(q, k, v, causal, out_fi)
+        variants = {"flashinfer": lambda: fi(q, k, v, causal, out_fi)}
+        for i, meta in enumerate(CONFIGS[:3] if args.quick else CONFIGS):
+            out = torch.full_like(q, float("nan"))
+            try:
+                launch_variant(triton_mod, meta, q, k, v, causal, out)()
+                torch.cuda.synchronize()
+                err = ((out.float() - out_fi.float()).norm() / out_fi.float().norm()).item()
+            except Exception as e:  # a config that does not compile (shared memory, registers)
+                print(f"config {i} {meta}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            if not err < 2e-3:
+                print(f"config {i} {meta}: WRONG, normwise {err:.2e} vs flashinfer")
+                continue
+            variants[f"cfg{i}"] = launch_variant(triton_mod, meta, q, k, v, causal, out)
+        best = {name: float("inf") for name in variants}
+        for _ in range(2):  # interleaved rounds
+            for name, fn in variants.items():
+                best[name] = min(best[name], triton.testing.do_bench(fn, warmup=25, rep=150))
+        for name, ms in best.items():
+            results.append((case.id, name, ms, best["flashinfer"] / ms))
+    print("gpu after big:", clocks())
+    overhead = []
+    for case in SMALL:
+        inputs = make_inputs(case, "cuda", seed=0)
+        out = torch.empty_like(inputs[0])
+        for name, fn in (("triton", tri), ("flashinfer", fi)):
+            overhead.append((case.id, name, host_overhead(lambda: fn(*inputs, out))))
+    print("gpu at end:", clocks())
+    print("\nconfigs:", json.dumps({f"cfg{i}": c for i, c in enumerate(CONFIGS)}))
+    print(f"\n{'shape':40s} {'variant':12s} {'ms':>9s} {'FI/x':>6s}")
+    for shape, name, ms, ratio in results:
+        print(f"{shape:40s} {name:12s} {ms:9.4f} {ratio:6.2f}")
+    print(f"\n{'shape':40s} {'entry':12s} {'host us/call':>12s}")
+    for shape, name, us in overhead:
+        print(f"{shape:40s} {name:12s} {us:12.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""FlashAttention-2 forward for GQA prefill in Triton: one kernel for padded and ragged batches.
+
+A program owns one query tile of one sequence for HEADS_PER_TILE query heads of one KV group:
+its BLOCK_M rows are (token, head) pairs, token-major, so with HEADS_PER_TILE = 4 the group's four
+heads share every K/V tile that the program loads, and a short sequence still fills the rows of a
+tl.dot. The Q tile is loaded once; K/V tiles stream through an online softmax kept in fp32 with
+exp2 (the softmax scale times log2(e) is folded into one multiply) and the accumulator is
+normalised once at the end. Causal masking is bottom-right aligned (query i sees key j iff
+j <= i + seq_kv - seq_q): KV tiles past the tile's last visible key are never visited, tiles that
+every row sees fully run without a mask, and only the tiles on the diagonal pay for one.
+
+Padded batch: lengths are the runtime ints seq_q / seq_kv, sequence s starts at row s * seq_q.
+Ragged batch: lengths come from qo_indptr / kv_indptr, read in the kernel (no host sync).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 x cast to dtype (fp16 or bf16), rounded to nearest even like the GPU's cast.
+
+    The interpreter (tests only) keeps bf16 as raw bits: its fp32 -> bf16 cast truncates and its
+    tl.dot multiplies the bit patterns. There the rounding is done on the fp32 bits and the value
+    stays fp32 (the callers then use an fp32 tl.dot).
+    """
+    if INTERPRETED:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        return x.to(dtype).to(tl.float32)
+    return x.to(dtype)
+
+
+@triton.jit
+def _attend_kv_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_seq,
+    v_seq,
+    query_pos,
+    kv_lo,
+    kv_hi,
+    kv_len,
+    causal_shift,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    KV_TOKEN_STRIDE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """Fold the keys [kv_lo, kv_hi) of one sequence into the running (acc, m_i, l_i).
+
+    Logits are kept in base 2: qk * qk_scale = sm_scale * q.k * log2(e), so exp2 of them is
+    exp of the scaled logit and exp2 maps to one hardware instruction. m_i is their running row
+    max, l_i the running sum of exp2(logit - m_i). MASKED is False only for tiles that every row
+    sees completely and that lie inside the sequence: those skip the bounds and causal masks.
+    """
+    key_offsets = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    k_ptrs = k_seq + kv_offsets
+    v_ptrs = v_seq + kv_offsets
+    for tile_start in range(kv_lo, kv_hi, BLOCK_N):
+        if MASKED:
+            key_pos = tile_start + key_offsets
+            in_seq = key_pos < kv_len
+            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if INTERPRETED:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            visible = in_seq[None, :]
+            if CAUSAL:
+                visible = visible & (key_pos[None, :] <= query_pos[:, None] + causal_shift)
+            logits = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(logits, 1))
+            # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2
+            # gives 0 rather than NaN (-inf - -inf).
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(logits - m_shift[:, None])
+            alpha = tl.math.exp2(m_i - m_shift)
+        else:
+            # Every row sees every key here, so m_new is finite: no -inf guard needed.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
+            alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            # Keys past the sequence belong to another one or lie out of bounds: load zeros,
+            # since p is 0 there but 0 * NaN would not be.
+            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        p = _round_to(p, v.dtype, INTERPRETED)  # the second tl.dot takes the input dtype
+        if INTERPRETED:
+            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p, v, acc * alpha[:, None])
+        m_i = m_new
+        k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE: tl.constexpr):
+    """The sequence that owns grid slot `slot` of a ragged batch.
+
+    Sequence s owns the slots [first(s), first(s + 1)) with first(s) = qo_indptr[s] // T + s:
+    that is at least cdiv(q_len, T) slots whatever the alignment of its first row (at most one
+    spare), and first(num_seqs) = total_q // T + num_seqs is the grid size. first() rises
+    strictly, so the owner is the last s with first(s) <= slot: a binary search over indptr.
+    """
+    lo = num_seqs * 0
+    hi = num_seqs
+    while lo + 1 < hi:  # invariant: first(lo) <= slot < first(hi)
+        mid = (lo + hi) // 2
+        owns = tl.load(qo_indptr + mid) // TOKENS_PER_TILE + mid <= slot
+        lo = tl.where(owns, mid, lo)
+        hi = tl.where(owns, hi, mid)
+    return lo
+
+
+@triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv"])
+def gqa_prefill_fwd(
+    q,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous (a padded batch flattened)
+    k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], contiguous; v likewise
+    v,
+    out,  # like q
+    lse,  # [tokens, NUM_HEADS] fp32, base-2; only read when WRITE_LSE
+    qo_indptr,  # [num_seqs + 1] int32; only read when RAGGED
+    kv_indptr,
+    num_seqs,
+    seq_q,  # padded lengths; unused when RAGGED
+    seq_kv,
+    qk_scale,  # sm_scale * log2(e)
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,  # query heads of one KV group packed into a tile's rows
+    BLOCK_M: tl.constexpr,  # rows of a tile: (BLOCK_M // HEADS_PER_TILE) tokens x heads
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    RAGGED: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
+):
+    GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    TOKENS_PER_TILE: tl.constexpr = BLOCK_M // HEADS_PER_TILE
+    Q_TOKEN_STRIDE: tl.constexpr = NUM_HEADS * HEAD_DIM
+    KV_TOKEN_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+
+    slot = tl.program_id(0)
+    head_block = tl.program_id(1)
+    first_head = head_block * HEADS_PER_TILE
+    kv_head = first_head // GROUP_SIZE
+
+    # Which sequence and which query tile of it this program owns. Under a causal mask the last
+    # tiles of a sequence see the most keys, so slots run backwards: the longest programs start
+    # first instead of straggling in the last wave.
+    if RAGGED:
+        if CAUSAL:
+            slot = tl.num_programs(0) - 1 - slot
+        seq = _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE)
+        q_start = tl.load(qo_indptr + seq)
+        q_len = tl.load(qo_indptr + seq + 1) - q_start
+        kv_start = tl.load(kv_indptr + seq)
+        kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+        tile = slot - (q_start // TOKENS_PER_TILE + seq)
+        q_start = q_start.to(tl.int64)
+        kv_start = kv_start.to(tl.int64)
+    else:
+        tiles_per_seq = tl.cdiv(seq_q, TOKENS_PER_TILE)
+        seq = slot // tiles_per_seq
+        tile = slot % tiles_per_seq
+        if CAUSAL:
+            tile = tiles_per_seq - 1 - tile
+        q_len = seq_q
+        kv_len = seq_kv
+        q_start = seq.to(tl.int64) * seq_q
+        kv_start = seq.to(tl.int64) * seq_kv
+    first_token = tile * TOKENS_PER_TILE
+    if first_token >= q_len:  # a ragged batch's spare slot
+        return
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_token = rows // HEADS_PER_TILE  # token of a row, relative to first_token
+    row_head = first_head + rows % HEADS_PER_TILE
+    query_pos = first_token + row_token  # position of a row's token in its sequence
+    row_in_seq = query_pos < q_len
+    tile_row0 = q_start + first_token  # int64: first token of the tile in the flat layout
+    q_offsets = row_token[:, None] * Q_TOKEN_STRIDE + row_head[:, None] * HEAD_DIM + dims[None, :]
+    q_tile = tl.load(
+        q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
+    )
+
+    k_seq = k + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
+    v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
+
+    # Keys [0, kv_full_end) are visible to every row of the tile and need no mask; keys
+    # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end); keys from kv_end on
+    # are hidden from every row and never loaded.
+    if CAUSAL:
+        causal_shift = kv_len - q_len
+        last_token = tl.minimum(first_token + TOKENS_PER_TILE, q_len) - 1
+        kv_end = tl.maximum(tl.minimum(last_token + causal_shift + 1, kv_len), 0)
+        kv_all_rows_end = tl.maximum(tl.minimum(first_token + causal_shift + 1, kv_len), 0)
+        kv_full_end = kv_all_rows_end // BLOCK_N * BLOCK_N
+    else:
+        causal_shift = 0
+        kv_end = kv_len
+        kv_full_end = kv_len // BLOCK_N * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_kv_tiles(
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_kv_tiles(
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+    )  # fmt: skip
+
+    # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
+    saw_key = l_i > 0.0
+    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    tl.store(
+        out + tile_row0 * Q_TOKEN_STRIDE + q_offsets,
+        _round_to(acc, out.dtype.element_ty, INTERPRETED),
+        mask=row_in_seq[:, None],
+    )
+    if WRITE_LSE:
+        # log2(sum_j exp(sm_scale * q.k_j)) = m_i + log2(l_i); log of an empty sum is -inf.
+        row_lse = tl.where(saw_key, m_i + tl.math.log2(tl.where(saw_key, l_i, 1.0)), float("-inf"))
+        lse_offsets = (tile_row0 + row_token) * NUM_HEADS + row_head
+        tl.store(lse + lse_offsets, row_lse, mask=row_in_seq)

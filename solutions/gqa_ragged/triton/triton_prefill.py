@@ -1,0 +1,268 @@
+"""Triton GQA prefill attention: the entry points of both definitions, their argument checks and
+launch plans. The kernel is in attention_kernel.py.
+
+flashinfer-bench times the whole call, so run_*() only builds a key from shapes and dtypes, looks
+up the launch plan cached under it (grid and block sizes, never data pointers or indptr values),
+checks devices and layout, and launches once. Nothing here reads a device tensor: the ragged
+lengths stay on the GPU and the grid is sized from total_q and the batch size alone.
+
+Layout: every tensor must be contiguous (what flashinfer-bench passes). q, k, v and the outputs
+may be float16 or bfloat16 (both definitions), all of one dtype; lse is float32.
+"""
+
+import functools
+import math
+import os
+
+import torch
+import triton
+
+from .attention_kernel import gqa_prefill_fwd
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS
+LOG2_E = 1.0 / math.log(2.0)
+PADDED_QK_SCALE = LOG2_E / math.sqrt(HEAD_DIM)  # the padded definition's fixed softmax scale
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Without a GPU the kernel runs in Triton's interpreter on CPU tensors (tests only).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_padded_plans = {}
+_ragged_plans = {}
+
+
+def _fix_interpreter_for_numpy_2_4() -> None:
+    """Triton's interpreter turns a scalar into an int with int() of a 1-element array, which
+    numpy >= 2.4 refuses, so a loop with runtime bounds fails (triton-lang/triton#9171, fixed
+    upstream after the Triton here). Interpreter only; the compiled kernel never runs this."""
+    from triton.runtime import interpreter
+
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "numpy_2_4_fix", False):
+        return
+
+    def patch_tensor_fixed(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_tensor_fixed.numpy_2_4_fix = True
+    interpreter._patch_lang_tensor = patch_tensor_fixed
+
+
+if INTERPRET:
+    _fix_interpreter_for_numpy_2_4()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H100 SXM's; only the interpreter gets here
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch_config(tokens_per_seq: float, slots, num_sms: int) -> dict:
+    """Block sizes from the shape alone; slots(T) is the grid's first axis at T tokens per tile.
+
+    The four query heads of a KV group always share a tile (HEADS_PER_TILE = 4): K/V tiles are
+    loaded once for the group, a short sequence still fills a tl.dot's rows, and the causal
+    diagonal of a 128-row tile spans 32 tokens instead of 128. The GPU values are a first guess
+    for the H100 (head_dim 128), to be measured. Compiled offline for sm_90 they fit without
+    spills; BLOCK_N = 128 spills.
+    """
+    if INTERPRET:
+        # The interpreter pays per program and per op, not per element; small tiles still make
+        # the small test sequences cross tile boundaries and the causal diagonal.
+        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
+    if tokens_per_seq <= 4:  # decode-like: 4 tokens x 4 heads fill the smallest tl.dot
+        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2)
+    if tokens_per_seq <= 128 or slots(32) * NUM_KV_HEADS < 2 * num_sms:
+        # Short sequences, or too few 128-row tiles for two waves: smaller tiles, more programs.
+        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        dtype = str(x.dtype).removeprefix("torch.")
+        return f"a 0-d {dtype} tensor" if x.dim() == 0 else f"{dtype} {list(x.shape)}"
+    return f"{type(x).__name__} {x!r:.60}"
+
+
+def _expect(ok: bool, name: str, expected: str, got) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {_describe(got)}")
+
+
+def _check_placement(names: tuple, tensors: tuple) -> None:
+    """Every call: one device (a GPU unless interpreted) and the contiguous layout the kernel
+    addresses. A few attribute reads; shapes and dtypes are checked once per plan."""
+    first = tensors[0]
+    index = first.get_device()  # -1 off the GPU; much cheaper to read than .device.type
+    if index < 0 and not INTERPRET:
+        raise ValueError(f"{names[0]}: expected a CUDA tensor, got one on {first.device}")
+    for name, tensor in zip(names, tensors):
+        if tensor.get_device() != index or (index < 0 and tensor.device != first.device):
+            raise ValueError(
+                f"{name}: expected a tensor on {first.device}, got one on {tensor.device}"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {tensor.stride()}")
+
+
+def _plan_padded(q, k, v, causal, out) -> tuple:
+    """Check shapes and dtypes (once per shape) and plan the launch."""
+    is_tensor = isinstance(q, torch.Tensor)
+    _expect(
+        is_tensor and q.dtype in HALF_DTYPES and q.dim() == 4
+        and tuple(q.shape[2:]) == (NUM_HEADS, HEAD_DIM),
+        "q",
+        f"float16 or bfloat16 [batch, seq_q, {NUM_HEADS}, {HEAD_DIM}]",
+        q,
+    )  # fmt: skip
+    batch, seq_q = q.shape[0], q.shape[1]
+    dtype = str(q.dtype).removeprefix("torch.")
+    for name, x in (("k", k), ("v", v)):
+        _expect(
+            isinstance(x, torch.Tensor) and x.dtype == q.dtype and x.dim() == 4
+            and x.shape[0] == batch and tuple(x.shape[2:]) == (NUM_KV_HEADS, HEAD_DIM),
+            name,
+            f"{dtype} [{batch}, seq_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype and batch)",
+            x,
+        )  # fmt: skip
+    _expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
+    _expect(type(causal) in (bool, int) and causal in (0, 1), "causal", "a Python bool", causal)
+    _expect(
+        isinstance(out, torch.Tensor) and out.dtype == q.dtype and out.shape == q.shape,
+        "out",
+        f"{dtype} {list(q.shape)} (q's dtype and shape)",
+        out,
+    )
+    _check_placement(("q", "k", "v", "out"), (q, k, v, out))
+    seq_kv = k.shape[1]
+    meta = _launch_config(seq_q, lambda t: batch * triton.cdiv(seq_q, t), _sm_count(q.device))
+    tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
+    grid = (batch * triton.cdiv(seq_q, tokens_per_tile), NUM_HEADS // meta["HEADS_PER_TILE"])
+    meta.update(CAUSAL=bool(causal), RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
+    return grid, meta, batch, seq_q, seq_kv
+
+
+def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
+    """Check shapes and dtypes (once per shape) and plan the launch. indptr values stay unread:
+    that total_q and total_kv match indptr[-1] is the caller's contract."""
+    _expect(
+        isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 3
+        and tuple(q.shape[1:]) == (NUM_HEADS, HEAD_DIM),
+        "q",
+        f"bfloat16 or float16 [total_q, {NUM_HEADS}, {HEAD_DIM}]",
+        q,
+    )  # fmt: skip
+    total_q = q.shape[0]
+    dtype = str(q.dtype).removeprefix("torch.")
+    for name, x in (("k", k), ("v", v)):
+        _expect(
+            isinstance(x, torch.Tensor) and x.dtype == q.dtype and x.dim() == 3
+            and tuple(x.shape[1:]) == (NUM_KV_HEADS, HEAD_DIM),
+            name,
+            f"{dtype} [total_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)",
+            x,
+        )  # fmt: skip
+    _expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
+    for name, x in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        _expect(
+            isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.dim() == 1
+            and x.shape[0] >= 1,
+            name,
+            "int32 [batch + 1]",
+            x,
+        )  # fmt: skip
+    _expect(
+        kv_indptr.shape == qo_indptr.shape,
+        "kv_indptr",
+        f"int32 {list(qo_indptr.shape)} (qo_indptr's shape)",
+        kv_indptr,
+    )
+    batch = qo_indptr.shape[0] - 1
+    if batch == 0 and (total_q > 0 or k.shape[0] > 0):
+        raise ValueError(
+            f"qo_indptr: expected at least one sequence for {total_q} query and {k.shape[0]} "
+            "key rows, got int32 [1]"
+        )
+    _expect(
+        isinstance(output, torch.Tensor) and output.dtype == q.dtype and output.shape == q.shape,
+        "output",
+        f"{dtype} {list(q.shape)} (q's dtype and shape)",
+        output,
+    )
+    _expect(
+        isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+        and tuple(lse.shape) == (total_q, NUM_HEADS),
+        "lse",
+        f"float32 [{total_q}, {NUM_HEADS}]",
+        lse,
+    )  # fmt: skip
+    _check_placement(
+        ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse"),
+        (q, k, v, qo_indptr, kv_indptr, output, lse),
+    )
+    tokens_per_seq = total_q / max(batch, 1)
+    meta = _launch_config(tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device))
+    tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
+    # total_q // T + batch slots cover every sequence's tiles (see _find_sequence in the kernel).
+    grid = (total_q // tokens_per_tile + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
+    meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
+    return grid, meta, batch, total_q
+
+
+def run_padded(q, k, v, causal, out):
+    try:
+        key = (q.shape, k.shape, v.shape, out.shape, q.dtype, k.dtype, v.dtype, out.dtype, causal)
+        plan = _padded_plans.get(key)
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable causal
+        key = plan = None
+    if plan is None:
+        plan = _plan_padded(q, k, v, causal, out)  # raises ValueError on a bad argument
+        if key is not None:
+            _padded_plans[key] = plan
+    else:
+        _check_placement(("q", "k", "v", "out"), (q, k, v, out))
+    grid, meta, batch, seq_q, seq_kv = plan
+    if grid[0] == 0:
+        return  # no query row
+    gqa_prefill_fwd[grid](
+        q, k, v, out, None, None, None, batch, seq_q, seq_kv, PADDED_QK_SCALE,
+        NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,
+    )  # fmt: skip
+
+
+def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+    try:
+        key = (
+            q.shape, k.shape, v.shape, qo_indptr.shape, kv_indptr.shape, output.shape, lse.shape,
+            q.dtype, k.dtype, v.dtype, qo_indptr.dtype, kv_indptr.dtype, output.dtype, lse.dtype,
+        )  # fmt: skip
+        plan = _ragged_plans.get(key)
+    except AttributeError:  # not a tensor
+        key = plan = None
+    if plan is None:
+        plan = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse)
+        if key is not None:
+            _ragged_plans[key] = plan
+    else:
+        _check_placement(
+            ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse"),
+            (q, k, v, qo_indptr, kv_indptr, output, lse),
+        )
+    if type(sm_scale) is not float:
+        _expect(
+            type(sm_scale) is int or isinstance(sm_scale, float),
+            "sm_scale",
+            "a Python float",
+            sm_scale,
+        )
+    grid, meta, batch, total_q = plan
+    if total_q == 0:
+        return  # no query row: nothing to write
+    gqa_prefill_fwd[grid](
+        q, k, v, output, lse, qo_indptr, kv_indptr, batch, 0, 0, sm_scale * LOG2_E,
+        NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,
+    )  # fmt: skip

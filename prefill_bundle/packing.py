@@ -108,6 +108,28 @@ SOLUTIONS = [
         description="Triton FlashAttention-2 forward over a ragged batch: grid sized from "
         "total_q and the batch, sequences found by a binary search over qo_indptr in the kernel.",
     ),
+    SolutionSpec(
+        name="tilelang_mini",
+        definition=MINI,
+        backend="tilelang",
+        language="tilelang",
+        entry_point="tilelang_prefill.py::run_padded",
+        sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        dependencies=("tilelang",),
+        description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
+        "pipeline); the padded batch runs as a ragged one, lengths symbolic.",
+    ),
+    SolutionSpec(
+        name="tilelang_ragged",
+        definition=RAGGED,
+        backend="tilelang",
+        language="tilelang",
+        entry_point="tilelang_prefill.py::run_ragged",
+        sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        dependencies=("tilelang",),
+        description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
+        "pipeline) over a ragged batch; all query tiles on one grid axis, lengths symbolic.",
+    ),
 ]
 
 

@@ -19,15 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
 
+_BASE = dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
 CONFIGS = [
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    dict(HEADS_PER_TILE=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
-    dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
-    dict(HEADS_PER_TILE=4, BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(_BASE, USE_TMA=False, WARP_SPECIALIZE=False),  # the current GPU default
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=False),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=True),
+    dict(_BASE, USE_TMA=False, WARP_SPECIALIZE=True),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=False, num_stages=4),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=True, num_stages=2),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=False, BLOCK_N=128, num_stages=2),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=True, BLOCK_N=128, num_stages=2),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=False, HEADS_PER_TILE=2),
+    dict(_BASE, USE_TMA=True, WARP_SPECIALIZE=False, HEADS_PER_TILE=1),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip
@@ -48,14 +51,8 @@ def module_of(runnable):
 
 
 def launch_variant(triton_mod, meta, q, k, v, causal, out):
-    batch, seq_q, seq_kv = q.shape[0], q.shape[1], k.shape[1]
-    tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
-    grid = (batch * triton.cdiv(seq_q, tokens_per_tile), 32 // meta["HEADS_PER_TILE"])
-    full = dict(meta, CAUSAL=causal, RAGGED=False, WRITE_LSE=False, INTERPRETED=False)
-    return lambda: triton_mod.gqa_prefill_fwd[grid](
-        q, k, v, out, None, None, None, batch, seq_q, seq_kv, triton_mod.PADDED_QK_SCALE,
-        NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **full,
-    )  # fmt: skip
+    plan = triton_mod._plan_padded(q, k, v, causal, out, config=meta)
+    return lambda: triton_mod.launch_padded(plan, q, k, v, out)
 
 
 def host_overhead(fn, calls=300):
@@ -84,7 +81,7 @@ def main():
         out_fi = torch.empty_like(q)
         fi(q, k, v, causal, out_fi)
         variants = {"flashinfer": lambda: fi(q, k, v, causal, out_fi)}
-        for i, meta in enumerate(CONFIGS[:3] if args.quick else CONFIGS):
+        for i, meta in enumerate(CONFIGS[:4] if args.quick else CONFIGS):
             out = torch.full_like(q, float("nan"))
             try:
                 launch_variant(triton_mod, meta, q, k, v, causal, out)()

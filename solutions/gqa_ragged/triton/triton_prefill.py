@@ -16,6 +16,7 @@ import os
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .attention_kernel import gqa_prefill_fwd
 
@@ -29,28 +30,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _padded_plans = {}
 _ragged_plans = {}
-
-
-def _fix_interpreter_for_numpy_2_4() -> None:
-    """Triton's interpreter turns a scalar into an int with int() of a 1-element array, which
-    numpy >= 2.4 refuses, so a loop with runtime bounds fails (triton-lang/triton#9171, fixed
-    upstream after the Triton here). Interpreter only; the compiled kernel never runs this."""
-    from triton.runtime import interpreter
-
-    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch_tensor is None or getattr(patch_tensor, "numpy_2_4_fix", False):
-        return
-
-    def patch_tensor_fixed(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_tensor_fixed.numpy_2_4_fix = True
-    interpreter._patch_lang_tensor = patch_tensor_fixed
-
-
-if INTERPRET:
-    _fix_interpreter_for_numpy_2_4()
+_NO_TMA = dict(USE_TMA=False, WARP_SPECIALIZE=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,13 +52,24 @@ def _launch_config(tokens_per_seq: float, slots, num_sms: int) -> dict:
     if INTERPRET:
         # The interpreter pays per program and per op, not per element; small tiles still make
         # the small test sequences cross tile boundaries and the causal diagonal.
-        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, **_NO_TMA)
     if tokens_per_seq <= 4:  # decode-like: 4 tokens x 4 heads fill the smallest tl.dot
-        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, **_NO_TMA)
     if tokens_per_seq <= 128 or slots(32) * NUM_KV_HEADS < 2 * num_sms:
         # Short sequences, or too few 128-row tiles for two waves: smaller tiles, more programs.
-        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, **_NO_TMA)
+    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, **_NO_TMA)
+
+
+def _kv_operands(k, v, meta):
+    """K and V as the kernel reads them: plain pointers, or (USE_TMA) tensor descriptors over the
+    [kv tokens, NUM_KV_HEADS * HEAD_DIM] view whose [BLOCK_N, HEAD_DIM] boxes the copy engine
+    fetches. Descriptors hold the data pointer, so they are made per call (a few microseconds)."""
+    if not meta["USE_TMA"]:
+        return k, v
+    row = NUM_KV_HEADS * HEAD_DIM
+    shape, strides, block = [k.numel() // row, row], [row, 1], [meta["BLOCK_N"], HEAD_DIM]
+    return TensorDescriptor(k, shape, strides, block), TensorDescriptor(v, shape, strides, block)
 
 
 def _describe(x) -> str:
@@ -109,7 +100,7 @@ def _check_placement(names: tuple, tensors: tuple) -> None:
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {tensor.stride()}")
 
 
-def _plan_padded(q, k, v, causal, out) -> tuple:
+def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     """Check shapes and dtypes (once per shape) and plan the launch."""
     is_tensor = isinstance(q, torch.Tensor)
     _expect(
@@ -139,14 +130,17 @@ def _plan_padded(q, k, v, causal, out) -> tuple:
     )
     _check_placement(("q", "k", "v", "out"), (q, k, v, out))
     seq_kv = k.shape[1]
-    meta = _launch_config(seq_q, lambda t: batch * triton.cdiv(seq_q, t), _sm_count(q.device))
+    meta = dict(
+        config
+        or _launch_config(seq_q, lambda t: batch * triton.cdiv(seq_q, t), _sm_count(q.device))
+    )
     tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
     grid = (batch * triton.cdiv(seq_q, tokens_per_tile), NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=bool(causal), RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
     return grid, meta, batch, seq_q, seq_kv
 
 
-def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
+def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tuple:
     """Check shapes and dtypes (once per shape) and plan the launch. indptr values stay unread:
     that total_q and total_kv match indptr[-1] is the caller's contract."""
     _expect(
@@ -205,7 +199,10 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
         (q, k, v, qo_indptr, kv_indptr, output, lse),
     )
     tokens_per_seq = total_q / max(batch, 1)
-    meta = _launch_config(tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device))
+    meta = dict(
+        config
+        or _launch_config(tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device))
+    )
     tokens_per_tile = meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
     # total_q // T + batch slots cover every sequence's tiles (see _find_sequence in the kernel).
     grid = (total_q // tokens_per_tile + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
@@ -225,9 +222,14 @@ def run_padded(q, k, v, causal, out):
             _padded_plans[key] = plan
     else:
         _check_placement(("q", "k", "v", "out"), (q, k, v, out))
+    launch_padded(plan, q, k, v, out)
+
+
+def launch_padded(plan, q, k, v, out):
     grid, meta, batch, seq_q, seq_kv = plan
     if grid[0] == 0:
         return  # no query row
+    k, v = _kv_operands(k, v, meta)
     gqa_prefill_fwd[grid](
         q, k, v, out, None, None, None, batch, seq_q, seq_kv, PADDED_QK_SCALE,
         NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,
@@ -259,9 +261,14 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
             "a Python float",
             sm_scale,
         )
+    launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+
+
+def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     grid, meta, batch, total_q = plan
     if total_q == 0:
         return  # no query row: nothing to write
+    k, v = _kv_operands(k, v, meta)
     gqa_prefill_fwd[grid](
         q, k, v, output, lse, qo_indptr, kv_indptr, batch, 0, 0, sm_scale * LOG2_E,
         NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,

@@ -1,0 +1,274 @@
+"""The TileLang solutions without a GPU.
+
+1. Every kernel variant the solutions use lowers and compiles for sm_90a here, and its CUDA source
+   has the Hopper path: TMA loads, wgmma for Q K^T (both operands in shared memory) and for P V
+   (P from registers).
+2. The same TileLang program, its allocations made local and its grid a loop nest, runs through
+   TileLang's C backend behind the packed entry points on the shared CPU cases. That checks the
+   program's own arithmetic (tile-to-sequence search, causal bounds, masks, empty rows, guarded
+   stores) and the entry points' host logic, not the Hopper lowering.
+3. The argument checks raise a ValueError naming the argument, before anything touches CUDA.
+"""
+
+import importlib
+import importlib.util
+import math
+import sys
+import time
+
+import pytest
+import tilelang
+import torch
+
+from prefill_bundle.testing import (
+    CPU_PADDED_CASES,
+    CPU_RAGGED_CASES,
+    build_solution,
+    check_outputs,
+    make_inputs,
+    reference_outputs,
+    run_solution,
+)
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def entry_module(name: str):
+    """The packed solution's entry module, as flashinfer-bench imports it."""
+    return sys.modules[build_solution(name).metadata.misc["module_name"]]
+
+
+def kernel_module():
+    package = entry_module("tilelang_ragged").__name__.rpartition(".")[0]
+    return importlib.import_module(f"{package}.gqa_prefill_kernel")
+
+
+# 1. Compilation for the H100, once per variant and session -----------------------------------
+
+_compiled = {}
+
+
+def compiled(dtype: str, causal: bool):
+    if (dtype, causal) not in _compiled:
+        kernels = kernel_module()
+        tilelang.disable_cache()  # really compile, whatever an earlier run left on disk
+        try:
+            start = time.perf_counter()
+            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
+            print(f"compiled {dtype} causal={causal} in {time.perf_counter() - start:.1f} s")
+        finally:
+            tilelang.enable_cache()
+        _compiled[(dtype, causal)] = kernel.get_kernel_source()
+    return _compiled[(dtype, causal)]
+
+
+def test_variants_cover_both_entry_points():
+    variants = set(kernel_module().VARIANTS)
+    assert {("float16", True), ("bfloat16", True)} <= variants  # run_ragged: causal only
+    assert {(d, c) for d in ("float16", "bfloat16") for c in (True, False)} <= variants
+
+
+@pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
+def test_compiles_for_sm90a_with_tma_and_wgmma(dtype, causal):
+    source = compiled(dtype, causal)
+    operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
+    assert "tl::tma_load(" in source
+    assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
+    assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
+    assert "exp2" in source
+
+
+# 2. The TileLang program on the CPU behind the packed entry points ---------------------------
+
+# (pattern in the kernel source, its CPU form): the C backend runs the grid as loops, one tile
+# program at a time, on local buffers only; T.Parallel over local buffers becomes a serial grid.
+_CPU_FORM = [
+    ("T.alloc_shared(", "T.alloc_local("),
+    ("T.alloc_fragment(", "T.alloc_local("),
+    ("T.Parallel(", "T.grid("),
+    (", threads=threads)", ")"),
+]
+
+
+def cpu_kernel_module(tmp_path_factory):
+    source = importlib.util.find_spec(kernel_module().__name__).origin
+    text = open(source).read()
+    for pattern, cpu_form in _CPU_FORM:
+        assert pattern in text, f"the kernel no longer contains {pattern!r}"
+        text = text.replace(pattern, cpu_form)
+    # TileLang parses the kernel's source text: the module must live in a real file.
+    path = tmp_path_factory.mktemp("tilelang_cpu") / "gqa_prefill_kernel_cpu.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("gqa_prefill_kernel_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels(tmp_path_factory):
+    module = cpu_kernel_module(tmp_path_factory)
+    cache = {}
+
+    def get(causal: bool, config: dict):
+        key = (causal, tuple(sorted(config.items())))
+        if key not in cache:
+            # The C backend has no bfloat16 locals: the CPU program runs in float16.
+            func = module.gqa_prefill("float16", causal, **config)
+            cache[key] = tilelang.compile(
+                func,
+                target="c",
+                execution_backend="cython",
+                pass_configs={"tirx.disable_vectorize": True},  # no vector half casts in C
+            )
+        return cache[key]
+
+    return get
+
+
+def _launcher(kernel):
+    """A stand-in for the compiled CUDA kernel with the same arguments; bfloat16 via float16."""
+
+    def launch(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+        if q.dtype == F16:
+            return kernel(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+        output16 = torch.empty_like(output, dtype=F16)
+        kernel(q.half(), k.half(), v.half(), qo_indptr, kv_indptr, sm_scale, output16, lse)
+        output.copy_(output16)
+
+    return launch
+
+
+# The solution's own tiles, and small ones so that the small cases cross many tile boundaries
+# (block_M != block_N both ways).
+CPU_CONFIGS = {
+    "solution_tiles": None,
+    "tiles16x32": dict(block_M=16, block_N=32, num_stages=2, threads=128),
+    "tiles32x16": dict(block_M=32, block_N=16, num_stages=2, threads=128),
+}
+
+
+@pytest.mark.parametrize("config", CPU_CONFIGS)
+@pytest.mark.parametrize(
+    "solution,case",
+    [("tilelang_mini", c) for c in CPU_PADDED_CASES]
+    + [("tilelang_ragged", c) for c in CPU_RAGGED_CASES],
+    ids=lambda p: p if isinstance(p, str) else p.id,
+)
+def test_program_on_cpu_matches_reference(solution, case, config, cpu_kernels, monkeypatch):
+    entry = entry_module(solution)
+    block_config = kernel_module().block_config
+
+    def kernel(dtype, causal, device):
+        tiles = CPU_CONFIGS[config] or block_config(entry._DTYPES[dtype], causal)
+        return _launcher(cpu_kernels(causal, tiles))
+
+    monkeypatch.setattr(entry, "_kernel", kernel)
+    monkeypatch.setattr(entry, "_check_devices", lambda names, tensors: None)
+    monkeypatch.setattr(entry, "_padded_plans", {})
+    inputs = make_inputs(case, "cpu")
+    check_outputs(
+        run_solution(solution, case, make_inputs(case, "cpu")), reference_outputs(case, inputs)
+    )
+
+
+# 3. Argument checks --------------------------------------------------------------------------
+
+
+def tensor(*shape, dtype=F16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def int32(*shape):
+    return torch.zeros(*shape, dtype=torch.int32)
+
+
+def padded_args(batch=2, seq_q=3, seq_kv=5, dtype=F16, **changes):
+    args = dict(
+        q=tensor(batch, seq_q, 32, 128, dtype=dtype),
+        k=tensor(batch, seq_kv, 8, 128, dtype=dtype),
+        v=tensor(batch, seq_kv, 8, 128, dtype=dtype),
+        causal=True,
+        out=tensor(batch, seq_q, 32, 128, dtype=dtype),
+    )
+    args.update(changes)
+    return args
+
+
+def ragged_args(total_q=4, total_kv=6, batch=2, dtype=BF16, **changes):
+    args = dict(
+        q=tensor(total_q, 32, 128, dtype=dtype),
+        k=tensor(total_kv, 8, 128, dtype=dtype),
+        v=tensor(total_kv, 8, 128, dtype=dtype),
+        qo_indptr=int32(batch + 1),
+        kv_indptr=int32(batch + 1),
+        sm_scale=1.0 / math.sqrt(128),
+        output=tensor(total_q, 32, 128, dtype=dtype),
+        lse=tensor(total_q, 32, dtype=F32),
+    )
+    args.update(changes)
+    return args
+
+
+def transposed(*shape, dtype=F16):
+    """A tensor of the given shape whose last two dimensions are swapped in memory."""
+    return tensor(*shape[:-2], shape[-1], shape[-2], dtype=dtype).transpose(-1, -2)
+
+
+PADDED_ERRORS = {
+    "q float32": ("q", dict(q=tensor(2, 3, 32, 128, dtype=F32))),
+    "q rank 3": ("q", dict(q=tensor(6, 32, 128))),
+    "q 16 heads": ("q", dict(q=tensor(2, 3, 16, 128))),
+    "q head_dim 64": ("q", dict(q=tensor(2, 3, 32, 64))),
+    "q non-contiguous": ("q", dict(q=transposed(2, 3, 32, 128))),
+    "k batch of 1": ("k", dict(k=tensor(1, 5, 8, 128))),
+    "k 4 heads": ("k", dict(k=tensor(2, 5, 4, 128))),
+    "k bfloat16": ("k", dict(k=tensor(2, 5, 8, 128, dtype=BF16))),
+    "k rank 3": ("k", dict(k=tensor(10, 8, 128))),
+    "v seq_kv of 4": ("v", dict(v=tensor(2, 4, 8, 128))),
+    "v non-contiguous": ("v", dict(v=transposed(2, 5, 8, 128))),
+    "causal a tensor": ("causal", dict(causal=torch.tensor(True))),
+    "out seq 4": ("out", dict(out=tensor(2, 4, 32, 128))),
+    "out bfloat16": ("out", dict(out=tensor(2, 3, 32, 128, dtype=BF16))),
+    "on the CPU": ("q", dict()),
+}
+
+
+@pytest.mark.parametrize("name,changes", PADDED_ERRORS.values(), ids=PADDED_ERRORS.keys())
+def test_padded_argument_errors(name, changes):
+    with pytest.raises(ValueError, match=rf"^{name}: expected"):
+        build_solution("tilelang_mini")(*padded_args(**changes).values())
+
+
+RAGGED_ERRORS = {
+    "q float32": ("q", dict(q=tensor(4, 32, 128, dtype=F32))),
+    "q rank 4": ("q", dict(q=tensor(1, 4, 32, 128, dtype=BF16))),
+    "q 8 heads": ("q", dict(q=tensor(4, 8, 128, dtype=BF16))),
+    "k 32 heads": ("k", dict(k=tensor(6, 32, 128, dtype=BF16))),
+    "k float16": ("k", dict(k=tensor(6, 8, 128))),
+    "v 5 rows": ("v", dict(v=tensor(5, 8, 128, dtype=BF16))),
+    "v non-contiguous": ("v", dict(v=transposed(6, 8, 128, dtype=BF16))),
+    "qo_indptr int64": ("qo_indptr", dict(qo_indptr=torch.zeros(3, dtype=torch.int64))),
+    "qo_indptr rank 2": ("qo_indptr", dict(qo_indptr=int32(3, 1))),
+    "qo_indptr no sequence": ("qo_indptr", dict(qo_indptr=int32(1), kv_indptr=int32(1))),
+    "kv_indptr length": ("kv_indptr", dict(kv_indptr=int32(4))),
+    "kv_indptr non-contiguous": ("kv_indptr", dict(kv_indptr=int32(6)[::2])),
+    "sm_scale zero": ("sm_scale", dict(sm_scale=0.0)),
+    "sm_scale a tensor": ("sm_scale", dict(sm_scale=torch.tensor(0.1))),
+    "output float16": ("output", dict(output=tensor(4, 32, 128))),
+    "output rows": ("output", dict(output=tensor(5, 32, 128, dtype=BF16))),
+    "lse bfloat16": ("lse", dict(lse=tensor(4, 32, dtype=BF16))),
+    "lse shape": ("lse", dict(lse=tensor(4, 8, dtype=F32))),
+    "on the CPU": ("q", dict()),
+}
+
+
+@pytest.mark.parametrize("name,changes", RAGGED_ERRORS.values(), ids=RAGGED_ERRORS.keys())
+def test_ragged_argument_errors(name, changes):
+    with pytest.raises(ValueError, match=rf"^{name}: expected"):
+        build_solution("tilelang_ragged")(*ragged_args(**changes).values())
+
+
+def test_device_check_names_the_cpu():
+    with pytest.raises(ValueError, match="^q: expected a tensor on a CUDA device"):
+        build_solution("tilelang_ragged")(*ragged_args().values())

@@ -1,5 +1,5 @@
 """Every launch config the Triton plans can pick computes the same function (interpreter on CPU,
-the GPU when there is one): block shapes, heads per tile, TMA and warp-specialized loops."""
+the GPU when there is one): block shapes and query heads packed per tile."""
 
 import sys
 
@@ -19,14 +19,10 @@ from prefill_bundle.testing import (
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_BLOCKS = dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
 CONFIGS = {
-    "pointers": dict(HEADS_PER_TILE=4, USE_TMA=False, WARP_SPECIALIZE=False, **SMALL_BLOCKS),
-    "one_head_per_tile": dict(
-        HEADS_PER_TILE=1, USE_TMA=False, WARP_SPECIALIZE=False, **SMALL_BLOCKS
-    ),
-    "tma": dict(HEADS_PER_TILE=4, USE_TMA=True, WARP_SPECIALIZE=False, **SMALL_BLOCKS),
-    "tma_warp_specialized": dict(
-        HEADS_PER_TILE=4, USE_TMA=True, WARP_SPECIALIZE=True, **SMALL_BLOCKS
-    ),
+    "four_heads_per_tile": dict(HEADS_PER_TILE=4, **SMALL_BLOCKS),
+    "two_heads_per_tile": dict(HEADS_PER_TILE=2, **SMALL_BLOCKS),
+    "one_head_per_tile": dict(HEADS_PER_TILE=1, **SMALL_BLOCKS),
+    "wide_key_tiles": dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
 }
 CASES = [
     PaddedCase(2, 37, 53, True),

@@ -42,8 +42,6 @@ def _attend_kv_tiles(
     q,
     k_seq,
     v_seq,
-    kv_row0,
-    kv_col0,
     query_pos,
     kv_lo,
     kv_hi,
@@ -55,8 +53,6 @@ def _attend_kv_tiles(
     KV_TOKEN_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     """Fold the keys [kv_lo, kv_hi) of one sequence into the running (acc, m_i, l_i).
@@ -65,23 +61,16 @@ def _attend_kv_tiles(
     exp of the scaled logit and exp2 maps to one hardware instruction. m_i is their running row
     max, l_i the running sum of exp2(logit - m_i). MASKED is False only for tiles that every row
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
-    With USE_TMA, k_seq / v_seq are tensor descriptors over [kv tokens, NUM_KV_HEADS * HEAD_DIM]
-    and the copy engine fetches each tile at (kv_row0 + key, kv_col0); rows past the sequence then
-    hold the next sequence's keys (masked out of the logits; their values meet p = 0) or zeros.
     """
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    if not USE_TMA:
-        kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
-        k_ptrs = k_seq + kv_offsets
-        v_ptrs = v_seq + kv_offsets
-    for tile_start in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    k_ptrs = k_seq + kv_offsets
+    v_ptrs = v_seq + kv_offsets
+    for tile_start in range(kv_lo, kv_hi, BLOCK_N):
         if MASKED:
             key_pos = tile_start + key_offsets
             in_seq = key_pos < kv_len
-        if USE_TMA:
-            k = k_seq.load([kv_row0 + tile_start, kv_col0])
-        elif MASKED:
             k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
@@ -106,9 +95,7 @@ def _attend_kv_tiles(
             p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
             alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_TMA:
-            v = v_seq.load([kv_row0 + tile_start, kv_col0])
-        elif MASKED:
+        if MASKED:
             # Keys past the sequence belong to another one or lie out of bounds: load zeros,
             # since p is 0 there but 0 * NaN would not be.
             v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
@@ -120,9 +107,8 @@ def _attend_kv_tiles(
         else:
             acc = tl.dot(p, v, acc * alpha[:, None])
         m_i = m_new
-        if not USE_TMA:
-            k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
-            v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
     return acc, m_i, l_i
 
 
@@ -148,8 +134,8 @@ def _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv"])
 def gqa_prefill_fwd(
     q,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous (a padded batch flattened)
-    k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], contiguous; v likewise. With USE_TMA: tensor
-    v,  # descriptors over the [kv tokens, NUM_KV_HEADS * HEAD_DIM] view, block [BLOCK_N, HEAD_DIM]
+    k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], contiguous; v likewise
+    v,
     out,  # like q
     lse,  # [tokens, NUM_HEADS] fp32, base-2; only read when WRITE_LSE
     qo_indptr,  # [num_seqs + 1] int32; only read when RAGGED
@@ -167,8 +153,6 @@ def gqa_prefill_fwd(
     CAUSAL: tl.constexpr,
     RAGGED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    USE_TMA: tl.constexpr,  # K/V through the copy engine (Hopper) instead of pointer loads
-    WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialization of the full tiles
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -221,14 +205,8 @@ def gqa_prefill_fwd(
         q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
     )
 
-    if USE_TMA:
-        k_seq, v_seq = k, v
-        kv_row0 = kv_start.to(tl.int32)
-    else:
-        k_seq = k + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
-        v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
-        kv_row0 = 0
-    kv_col0 = kv_head * HEAD_DIM
+    k_seq = k + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
+    v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
 
     # Keys [0, kv_full_end) are visible to every row of the tile and need no mask; keys
     # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end); keys from kv_end on
@@ -248,14 +226,12 @@ def gqa_prefill_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_kv_tiles(
-        acc, m_i, l_i, q_tile, k_seq, v_seq, kv_row0, kv_col0, query_pos, 0, kv_full_end, kv_len,
-        causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, USE_TMA,
-        WARP_SPECIALIZE, INTERPRETED,
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
     )  # fmt: skip
     acc, m_i, l_i = _attend_kv_tiles(
-        acc, m_i, l_i, q_tile, k_seq, v_seq, kv_row0, kv_col0, query_pos, kv_full_end, kv_end,
-        kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, USE_TMA,
-        False, INTERPRETED,
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
     )  # fmt: skip
 
     # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.

@@ -16,7 +16,6 @@ import os
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .attention_kernel import gqa_prefill_fwd
 
@@ -30,7 +29,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _padded_plans = {}
 _ragged_plans = {}
-_NO_TMA = dict(USE_TMA=False, WARP_SPECIALIZE=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,24 +50,13 @@ def _launch_config(tokens_per_seq: float, slots, num_sms: int) -> dict:
     if INTERPRET:
         # The interpreter pays per program and per op, not per element; small tiles still make
         # the small test sequences cross tile boundaries and the causal diagonal.
-        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, **_NO_TMA)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
     if tokens_per_seq <= 4:  # decode-like: 4 tokens x 4 heads fill the smallest tl.dot
-        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, **_NO_TMA)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2)
     if tokens_per_seq <= 128 or slots(32) * NUM_KV_HEADS < 2 * num_sms:
         # Short sequences, or too few 128-row tiles for two waves: smaller tiles, more programs.
-        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, **_NO_TMA)
-    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, **_NO_TMA)
-
-
-def _kv_operands(k, v, meta):
-    """K and V as the kernel reads them: plain pointers, or (USE_TMA) tensor descriptors over the
-    [kv tokens, NUM_KV_HEADS * HEAD_DIM] view whose [BLOCK_N, HEAD_DIM] boxes the copy engine
-    fetches. Descriptors hold the data pointer, so they are made per call (a few microseconds)."""
-    if not meta["USE_TMA"]:
-        return k, v
-    row = NUM_KV_HEADS * HEAD_DIM
-    shape, strides, block = [k.numel() // row, row], [row, 1], [meta["BLOCK_N"], HEAD_DIM]
-    return TensorDescriptor(k, shape, strides, block), TensorDescriptor(v, shape, strides, block)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
 
 
 def _describe(x) -> str:
@@ -229,7 +216,6 @@ def launch_padded(plan, q, k, v, out):
     grid, meta, batch, seq_q, seq_kv = plan
     if grid[0] == 0:
         return  # no query row
-    k, v = _kv_operands(k, v, meta)
     gqa_prefill_fwd[grid](
         q, k, v, out, None, None, None, batch, seq_q, seq_kv, PADDED_QK_SCALE,
         NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,
@@ -268,7 +254,6 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     grid, meta, batch, total_q = plan
     if total_q == 0:
         return  # no query row: nothing to write
-    k, v = _kv_operands(k, v, meta)
     gqa_prefill_fwd[grid](
         q, k, v, output, lse, qo_indptr, kv_indptr, batch, 0, 0, sm_scale * LOG2_E,
         NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta,

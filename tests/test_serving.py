@@ -1,0 +1,178 @@
+"""Apply over the bundle, on CPU with synthetic traces: real dispatch to the traced winner,
+buckets for unseen shapes, causal in the key, failed builds and incorrect traces left out."""
+
+import json
+import shutil
+from datetime import datetime
+
+import pytest
+import torch
+from flashinfer_bench import TraceSet
+from flashinfer_bench.apply import ApplyConfig, ApplyRuntime, apply, disable_apply
+
+from prefill_bundle import MINI, OP_TYPE, REPO_ROOT
+from prefill_bundle.serving import (
+    BucketedPrefillKeyBuilder,
+    dispatch_table,
+    enable_bundle_apply,
+    pow2_bucket,
+)
+from prefill_bundle.workloads import PaddedShape, mini_trace
+
+MARKERS = {"solution_a": 1.0, "solution_b": 2.0, "broken": 3.0, "incorrect": 4.0}
+FALLBACK_MARKER = -1.0
+
+
+def solution_json(name):
+    body = f"def run(q, k, v, causal, out):\n    out.fill_({MARKERS[name]})\n"
+    if name == "broken":
+        body = "raise ImportError('this solution does not build')\n" + body
+    return {
+        "name": name,
+        "definition": MINI,
+        "author": "test",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run"},
+        "sources": [{"path": "main.py", "content": body}],
+    }
+
+
+def trace_line(shape, solution, latency_ms, status="PASSED", abs_error=2e-3):
+    trace = mini_trace(shape).model_dump(mode="json", exclude_unset=True)
+    evaluation = {
+        "status": status,
+        "environment": {"hardware": "test"},
+        "timestamp": datetime(2026, 11, 23).isoformat(),
+        # Elementwise relative error in the hundreds, as every correct fp16 kernel shows.
+        "correctness": {"max_relative_error": 414.0, "max_absolute_error": abs_error},
+    }
+    if status == "PASSED":
+        evaluation["performance"] = {"latency_ms": latency_ms, "reference_latency_ms": 10.0,
+                                     "speedup_factor": 10.0 / latency_ms}  # fmt: skip
+    return json.dumps({**trace, "solution": solution, "evaluation": evaluation})
+
+
+SMALL = PaddedShape("small", 1, 128, 128, True)
+MEDIUM = PaddedShape("medium", 4, 512, 512, True)
+LARGE = PaddedShape("large", 8, 2048, 2048, True)
+
+
+@pytest.fixture
+def trace_root(tmp_path):
+    shutil.copytree(REPO_ROOT / "definitions", tmp_path / "definitions")
+    for name in MARKERS:
+        path = tmp_path / "solutions" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(solution_json(name)))
+    lines = [
+        trace_line(SMALL, "solution_a", 1.0),
+        trace_line(SMALL, "solution_b", 2.0),
+        trace_line(SMALL, "broken", 0.5),  # fastest, but its build fails
+        trace_line(SMALL, "incorrect", 0.1, status="INCORRECT_NUMERICAL"),
+        trace_line(MEDIUM, "solution_a", 3.0),
+        trace_line(MEDIUM, "solution_b", 1.0),
+        trace_line(MEDIUM, "incorrect", 0.2, abs_error=0.5),  # PASSED under a loose --atol
+        trace_line(LARGE, "solution_a", 3.0),
+        trace_line(LARGE, "solution_b", 1.0),
+    ]
+    traces = tmp_path / "traces" / OP_TYPE / f"{MINI}.jsonl"
+    traces.parent.mkdir(parents=True)
+    traces.write_text("\n".join(lines) + "\n")
+    monkey_cache = tmp_path / "cache"
+    return tmp_path, monkey_cache
+
+
+@pytest.fixture
+def runtime(trace_root, monkeypatch):
+    root, cache = trace_root
+    monkeypatch.setenv("FIB_CACHE_PATH", str(cache))
+    runtime = enable_bundle_apply(root=root)
+    yield runtime
+    disable_apply()
+
+
+@apply(MINI)
+def attention(q, k, v, causal, out):
+    out.fill_(FALLBACK_MARKER)
+
+
+def served_by(batch, seq_q, seq_kv, causal=True):
+    q = torch.randn(batch, seq_q, 32, 128, dtype=torch.float16)
+    k = torch.randn(batch, seq_kv, 8, 128, dtype=torch.float16)
+    out = torch.empty_like(q)
+    attention(q, k, torch.randn_like(k), causal, out)
+    assert torch.all(out == out.flatten()[0])
+    marker = out.flatten()[0].item()
+    return {v: n for n, v in MARKERS.items()}.get(marker, "fallback")
+
+
+def test_traced_shape_goes_to_its_fastest_correct_solution(runtime):
+    assert served_by(1, 128, 128) == "solution_a"  # "broken" was faster but does not build
+    assert served_by(4, 512, 512) == "solution_b"  # "incorrect" was faster but is not admitted
+
+
+def test_unseen_shape_goes_to_its_bucket_winner(runtime):
+    assert served_by(1, 100, 120) == "solution_a"  # bucket of (1, 128, 128)
+    assert served_by(3, 300, 400) == "solution_b"  # bucket of (4, 512, 512)
+
+
+def test_bucket_without_traces_goes_to_the_definition_best(runtime):
+    assert served_by(2, 9000, 9000) == "solution_b"  # solution_b wins 2 buckets of 3
+
+
+def test_causal_is_part_of_the_key(runtime):
+    assert served_by(1, 128, 128, causal=True) == "solution_a"
+    assert served_by(1, 128, 128, causal=False) == "solution_b"  # no non-causal trace: def best
+
+
+def test_dispatch_table_lists_the_buckets(runtime):
+    table = dispatch_table(runtime)[MINI]
+    assert sorted(table.values()) == ["solution_a", "solution_b", "solution_b"]
+
+
+def test_restricting_solutions_switches_backend(trace_root, monkeypatch):
+    root, cache = trace_root
+    monkeypatch.setenv("FIB_CACHE_PATH", str(cache))
+    enable_bundle_apply(["solution_b"], root=root)
+    try:
+        assert served_by(1, 128, 128) == "solution_b"
+    finally:
+        disable_apply()
+
+
+def test_without_apply_the_fallback_runs():
+    assert ApplyRuntime.get_instance() is None
+    assert served_by(1, 16, 16) == "fallback"
+
+
+def test_stock_config_admits_none_of_these_traces(trace_root, monkeypatch):
+    root, cache = trace_root
+    monkeypatch.setenv("FIB_CACHE_PATH", str(cache))
+    trace_set = TraceSet.from_path(str(root))
+    stock = ApplyConfig()
+    assert trace_set.filter_traces(MINI, stock.max_atol, stock.max_rtol) == []
+
+
+def test_key_buckets():
+    assert [pow2_bucket(n) for n in (0, 1, 2, 3, 128, 129, 2048)] == [0, 1, 2, 4, 128, 256, 2048]
+    definition = TraceSet.from_path(str(REPO_ROOT)).definitions[MINI]
+    builder = BucketedPrefillKeyBuilder(definition)
+    q = torch.empty(3, 300, 32, 128)
+    k = torch.empty(3, 400, 8, 128)
+    from_args = builder.build_from_args((q, k, k, True))
+    from_workload = builder.build_from_workload(
+        mini_trace(PaddedShape("x", 4, 512, 512, True)).workload
+    )
+    assert from_args == from_workload
+    assert builder.build_from_args((q, k, k, False)) != from_args
+
+
+def test_baselines_do_not_serve_unless_named(trace_root, monkeypatch):
+    root, cache = trace_root
+    monkeypatch.setenv("FIB_CACHE_PATH", str(cache))
+    path = root / "solutions" / "solution_a.json"
+    path.write_text(json.dumps({**solution_json("solution_a"), "author": "baseline"}))
+    enable_bundle_apply(root=root)
+    try:
+        assert served_by(1, 128, 128) == "solution_b"
+    finally:
+        disable_apply()

@@ -11,7 +11,7 @@ from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
 from . import HEAD_DIM, NUM_HEADS, REPO_ROOT
-from .packing import SOLUTIONS
+from .packing import BASELINE_AUTHOR, SOLUTIONS
 
 FLASHINFER_BACKEND = "flashinfer"
 
@@ -49,6 +49,87 @@ def _cell(latency_ms, flops, ratio):
     return f"{latency_ms * 1e3:.1f} µs · {tflops_text} TF/s{ratio_text}"
 
 
+def apply_choices(trace_set: TraceSet) -> list:
+    """Which solution apply dispatches per bucket (prefill_bundle.serving's key and config),
+    among the bundle's own solutions, computed from the traces as flashinfer-bench does."""
+    from flashinfer_bench.apply import ApplyConfigRegistry
+    from flashinfer_bench.apply.table import ApplyTable
+
+    from .serving import BUNDLE_APPLY_CONFIG, keep_only
+
+    own = TraceSet(
+        root=trace_set.root,
+        definitions=dict(trace_set.definitions),
+        solutions={k: list(v) for k, v in trace_set.solutions.items()},
+        workloads=dict(trace_set.workloads),
+        traces={k: list(v) for k, v in trace_set.traces.items()},
+    )
+    every = [s for sols in own.solutions.values() for s in sols]
+    keep_only(own, [s.name for s in every if s.author != BASELINE_AUTHOR])
+    table = ApplyTable._build(own, ApplyConfigRegistry(default=BUNDLE_APPLY_CONFIG))
+    lines = [
+        "## What apply serves",
+        "",
+        "`prefill_bundle.serving.enable_bundle_apply()` keys calls on powers of two of the "
+        "batch (or sequence count), query and key lengths plus causal; per bucket it serves the "
+        "traced winner, and a bucket without traces the definition's best.",
+        "",
+        "| definition | bucket | causal | solution |",
+        "|---|---|---|---|",
+    ]
+    for def_name, index in sorted(table.index.items()):
+        for key, solution in sorted(index.items(), key=lambda kv: str(kv[0])):
+            bucket = ", ".join(f"{name} ≤ {value}" for name, value in key.axes)
+            lines.append(f"| {def_name} | {bucket} | {dict(key.feats)['causal']} | {solution} |")
+    for def_name, solution in sorted(table.def_best.items()):
+        lines.append(f"| {def_name} | any other | | {solution} (definition's best) |")
+    return lines + [""]
+
+
+def plot_ratios(trace_set: TraceSet, path) -> None:
+    """A bar chart of ratio to FlashInfer per workload and solution (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backend_of = {s.name: s.backend for s in SOLUTIONS}
+    definitions = sorted(trace_set.traces)
+    fig, axes = plt.subplots(len(definitions), 1, figsize=(11, 4.2 * len(definitions)))
+    for ax, def_name in zip(list(axes) if len(definitions) > 1 else [axes], definitions):
+        by_workload = defaultdict(dict)
+        for t in trace_set.traces[def_name]:
+            if t.is_successful():
+                by_workload[t.workload.uuid][t.solution] = t.evaluation.performance.latency_ms
+        workloads = [w.workload.uuid for w in trace_set.workloads.get(def_name, [])]
+        names = sorted(
+            {
+                n
+                for row in by_workload.values()
+                for n in row
+                if backend_of.get(n) != FLASHINFER_BACKEND
+            }
+        )
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            ratios = []
+            for wl in workloads:
+                row = by_workload.get(wl, {})
+                base = next(
+                    (ms for n, ms in row.items() if backend_of.get(n) == FLASHINFER_BACKEND), None
+                )
+                ratios.append(base / row[name] if base and name in row else 0.0)
+            ax.bar([x + i * width for x in range(len(workloads))], ratios, width, label=name)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
+        ax.set_xticklabels(workloads, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("FlashInfer latency / solution latency")
+        ax.set_title(def_name)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def render(trace_set: TraceSet) -> str:
     backend_of = {s.name: s.backend for s in SOLUTIONS}
     lines = [
@@ -58,6 +139,8 @@ def render(trace_set: TraceSet) -> str:
         "Each cell: mean latency per call as flashinfer-bench times it (host overhead included, "
         "L2 flushed, inputs cloned before each call), TF/s from the masked FLOP count, and the "
         "ratio to FlashInfer = FlashInfer latency / solution latency from the same run.",
+        "",
+        "![ratio to FlashInfer per workload](report_ratios.png)",
         "",
     ]
     environments = set()
@@ -110,6 +193,7 @@ def render(trace_set: TraceSet) -> str:
             for n in solutions
         ]
         lines += ["| geometric mean ratio | " + " | ".join(geo) + " |", ""]
+    lines += apply_choices(trace_set)
     lines += ["## How these numbers were produced", ""]
     for hardware, libs in sorted(environments):
         lines.append(f"- {hardware}; " + ", ".join(f"{k} {v}" for k, v in libs))

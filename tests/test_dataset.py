@@ -93,3 +93,9 @@ def test_sync_check_catches_an_edited_reference():
         assert f"definitions/gqa_ragged/{MINI}.json" in out_of_sync()
     finally:
         reference.write_bytes(original)
+
+
+def test_report_is_generated_from_the_committed_traces():
+    from prefill_bundle.report import render
+
+    assert (REPO_ROOT / "report.md").read_text() == render(load()), "run: python scripts/report.py"

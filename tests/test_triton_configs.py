@@ -18,17 +18,11 @@ from prefill_bundle.testing import (
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_BLOCKS = dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
-DEFAULTS = dict(SPLIT_M=False)
 CONFIGS = {
-    "four_heads_per_tile": dict(HEADS_PER_TILE=4, **SMALL_BLOCKS, **DEFAULTS),
-    "two_heads_per_tile": dict(HEADS_PER_TILE=2, **SMALL_BLOCKS, **DEFAULTS),
-    "one_head_per_tile": dict(HEADS_PER_TILE=1, **SMALL_BLOCKS, **DEFAULTS),
-    "wide_key_tiles": dict(
-        HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, **DEFAULTS
-    ),
-    "split_rows": dict(
-        HEADS_PER_TILE=4, SPLIT_M=True, BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1
-    ),  # fmt: skip
+    "four_heads_per_tile": dict(HEADS_PER_TILE=4, **SMALL_BLOCKS),
+    "two_heads_per_tile": dict(HEADS_PER_TILE=2, **SMALL_BLOCKS),
+    "one_head_per_tile": dict(HEADS_PER_TILE=1, **SMALL_BLOCKS),
+    "wide_key_tiles": dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
 }
 CASES = [
     PaddedCase(2, 37, 53, True),

@@ -35,53 +35,14 @@ def _round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, qk, v, visible, qk_scale, MASKED: tl.constexpr,
-                  INTERPRETED: tl.constexpr):  # fmt: skip
-    """Fold one tile of logits qk (and its values v) into the running (acc, m_i, l_i).
-
-    Logits are kept in base 2: qk * qk_scale = sm_scale * q.k * log2(e), so exp2 of them is
-    exp of the scaled logit and exp2 maps to one hardware instruction. m_i is their running row
-    max, l_i the running sum of exp2(logit - m_i).
-    """
-    if MASKED:
-        logits = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, 1))
-        # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2
-        # gives 0 rather than NaN (-inf - -inf).
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(logits - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-    else:
-        # Every row sees every key here, so m_new is finite: no -inf guard needed.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
-        alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    p = _round_to(p, v.dtype, INTERPRETED)  # the second tl.dot takes the input dtype
-    if INTERPRETED:
-        acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
-    else:
-        acc = tl.dot(p, v, acc * alpha[:, None])
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _scores(q, k, INTERPRETED: tl.constexpr):
-    if INTERPRETED:
-        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-    return tl.dot(q, tl.trans(k))
-
-
-@triton.jit
 def _attend_kv_tiles(
-    state0,
-    state1,
-    q0,
-    q1,
-    query_pos0,
-    query_pos1,
+    acc,
+    m_i,
+    l_i,
+    q,
     k_seq,
     v_seq,
+    query_pos,
     kv_lo,
     kv_hi,
     kv_len,
@@ -92,52 +53,63 @@ def _attend_kv_tiles(
     KV_TOKEN_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
-    SPLIT_M: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """Fold the keys [kv_lo, kv_hi) of one sequence into the running softmax state(s).
+    """Fold the keys [kv_lo, kv_hi) of one sequence into the running (acc, m_i, l_i).
 
-    state = (acc, m_i, l_i) of the tile's rows; with SPLIT_M the rows come as two independent
-    halves (q0, q1) that share each K/V tile, so the scheduler can overlap one half's softmax
-    with the other half's matrix products. MASKED is False only for tiles that every row sees
-    completely and that lie inside the sequence: those skip the bounds and causal masks.
+    Logits are kept in base 2: qk * qk_scale = sm_scale * q.k * log2(e), so exp2 of them is
+    exp of the scaled logit and exp2 maps to one hardware instruction. m_i is their running row
+    max, l_i the running sum of exp2(logit - m_i). MASKED is False only for tiles that every row
+    sees completely and that lie inside the sequence: those skip the bounds and causal masks.
     """
-    acc0, m0, l0 = state0
-    acc1, m1, l1 = state1
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
     k_ptrs = k_seq + kv_offsets
     v_ptrs = v_seq + kv_offsets
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
-        visible0 = None
-        visible1 = None
         if MASKED:
             key_pos = tile_start + key_offsets
             in_seq = key_pos < kv_len
-            # Keys past the sequence belong to another one or lie out of bounds: load zeros,
-            # since p is 0 there but 0 * NaN would not be.
             k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
-            visible0 = in_seq[None, :]
-            visible1 = in_seq[None, :]
-            if CAUSAL:
-                visible0 = visible0 & (key_pos[None, :] <= query_pos0[:, None] + causal_shift)
-                visible1 = visible1 & (key_pos[None, :] <= query_pos1[:, None] + causal_shift)
         else:
             k = tl.load(k_ptrs)
+        if INTERPRETED:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            visible = in_seq[None, :]
+            if CAUSAL:
+                visible = visible & (key_pos[None, :] <= query_pos[:, None] + causal_shift)
+            logits = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(logits, 1))
+            # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2
+            # gives 0 rather than NaN (-inf - -inf).
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(logits - m_shift[:, None])
+            alpha = tl.math.exp2(m_i - m_shift)
+        else:
+            # Every row sees every key here, so m_new is finite: no -inf guard needed.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
+            alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            # Keys past the sequence belong to another one or lie out of bounds: load zeros,
+            # since p is 0 there but 0 * NaN would not be.
+            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
             v = tl.load(v_ptrs)
-        qk0 = _scores(q0, k, INTERPRETED)
-        if SPLIT_M:
-            qk1 = _scores(q1, k, INTERPRETED)
-        acc0, m0, l0 = _softmax_step(acc0, m0, l0, qk0, v, visible0, qk_scale, MASKED, INTERPRETED)
-        if SPLIT_M:
-            acc1, m1, l1 = _softmax_step(
-                acc1, m1, l1, qk1, v, visible1, qk_scale, MASKED, INTERPRETED
-            )
+        p = _round_to(p, v.dtype, INTERPRETED)  # the second tl.dot takes the input dtype
+        if INTERPRETED:
+            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p, v, acc * alpha[:, None])
+        m_i = m_new
         k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
         v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
-    return (acc0, m0, l0), (acc1, m1, l1)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -157,62 +129,6 @@ def _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE: tl.constexpr):
         lo = tl.where(owns, mid, lo)
         hi = tl.where(owns, hi, mid)
     return lo
-
-
-@triton.jit
-def _row_layout(first_token, first_head, row0, ROWS: tl.constexpr,
-                HEADS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                Q_TOKEN_STRIDE: tl.constexpr):  # fmt: skip
-    """Rows [row0, row0 + ROWS) of a tile are (token, head) pairs, token-major."""
-    rows = row0 + tl.arange(0, ROWS)
-    dims = tl.arange(0, HEAD_DIM)
-    row_token = rows // HEADS_PER_TILE  # token of a row, relative to first_token
-    row_head = first_head + rows % HEADS_PER_TILE
-    q_offsets = row_token[:, None] * Q_TOKEN_STRIDE + row_head[:, None] * HEAD_DIM + dims[None, :]
-    return row_token, row_head, first_token + row_token, q_offsets
-
-
-@triton.jit
-def _load_rows(q, tile_row0, first_token, first_head, q_len, row0, ROWS: tl.constexpr,
-               HEADS_PER_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
-               Q_TOKEN_STRIDE: tl.constexpr):  # fmt: skip
-    """The Q rows of (part of) a tile, their positions in the sequence, and a fresh state."""
-    _, _, query_pos, q_offsets = _row_layout(
-        first_token, first_head, row0, ROWS, HEADS_PER_TILE, HEAD_DIM, Q_TOKEN_STRIDE
-    )
-    q_rows = tl.load(
-        q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=(query_pos < q_len)[:, None], other=0.0
-    )
-    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
-    return q_rows, query_pos, (acc, m_i, l_i)
-
-
-@triton.jit
-def _store_rows(state, out, lse, tile_row0, first_token, first_head, q_len, row0,
-                ROWS: tl.constexpr, HEADS_PER_TILE: tl.constexpr, NUM_HEADS: tl.constexpr,
-                HEAD_DIM: tl.constexpr, Q_TOKEN_STRIDE: tl.constexpr,
-                WRITE_LSE: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """Normalise once and write the rows' output (and base-2 LSE)."""
-    acc, m_i, l_i = state
-    row_token, row_head, query_pos, q_offsets = _row_layout(
-        first_token, first_head, row0, ROWS, HEADS_PER_TILE, HEAD_DIM, Q_TOKEN_STRIDE
-    )
-    row_in_seq = query_pos < q_len
-    # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
-    saw_key = l_i > 0.0
-    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
-    tl.store(
-        out + tile_row0 * Q_TOKEN_STRIDE + q_offsets,
-        _round_to(acc, out.dtype.element_ty, INTERPRETED),
-        mask=row_in_seq[:, None],
-    )
-    if WRITE_LSE:
-        # log2(sum_j exp(sm_scale * q.k_j)) = m_i + log2(l_i); log of an empty sum is -inf.
-        row_lse = tl.where(saw_key, m_i + tl.math.log2(tl.where(saw_key, l_i, 1.0)), float("-inf"))
-        lse_offsets = (tile_row0 + row_token) * NUM_HEADS + row_head
-        tl.store(lse + lse_offsets, row_lse, mask=row_in_seq)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv"])
@@ -237,7 +153,6 @@ def gqa_prefill_fwd(
     CAUSAL: tl.constexpr,
     RAGGED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    SPLIT_M: tl.constexpr,  # the tile's rows as two independent halves sharing each K/V tile
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -277,19 +192,18 @@ def gqa_prefill_fwd(
     first_token = tile * TOKENS_PER_TILE
     if first_token >= q_len:  # a ragged batch's spare slot
         return
-    tile_row0 = q_start + first_token  # int64: first token of the tile in the flat layout
 
-    ROWS: tl.constexpr = BLOCK_M // 2 if SPLIT_M else BLOCK_M
-    q_tile0, query_pos0, state0 = _load_rows(
-        q, tile_row0, first_token, first_head, q_len, 0, ROWS, HEADS_PER_TILE, HEAD_DIM,
-        Q_TOKEN_STRIDE,
-    )  # fmt: skip
-    q_tile1, query_pos1, state1 = q_tile0, query_pos0, state0  # unused unless SPLIT_M
-    if SPLIT_M:
-        q_tile1, query_pos1, state1 = _load_rows(
-            q, tile_row0, first_token, first_head, q_len, ROWS, ROWS, HEADS_PER_TILE, HEAD_DIM,
-            Q_TOKEN_STRIDE,
-        )  # fmt: skip
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_token = rows // HEADS_PER_TILE  # token of a row, relative to first_token
+    row_head = first_head + rows % HEADS_PER_TILE
+    query_pos = first_token + row_token  # position of a row's token in its sequence
+    row_in_seq = query_pos < q_len
+    tile_row0 = q_start + first_token  # int64: first token of the tile in the flat layout
+    q_offsets = row_token[:, None] * Q_TOKEN_STRIDE + row_head[:, None] * HEAD_DIM + dims[None, :]
+    q_tile = tl.load(
+        q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
+    )
 
     k_seq = k + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
     v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
@@ -308,22 +222,28 @@ def gqa_prefill_fwd(
         kv_end = kv_len
         kv_full_end = kv_len // BLOCK_N * BLOCK_N
 
-    state0, state1 = _attend_kv_tiles(
-        state0, state1, q_tile0, q_tile1, query_pos0, query_pos1, k_seq, v_seq, 0, kv_full_end,
-        kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, SPLIT_M,
-        INTERPRETED,
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_kv_tiles(
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
     )  # fmt: skip
-    state0, state1 = _attend_kv_tiles(
-        state0, state1, q_tile0, q_tile1, query_pos0, query_pos1, k_seq, v_seq, kv_full_end,
-        kv_end, kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True,
-        SPLIT_M, INTERPRETED,
+    acc, m_i, l_i = _attend_kv_tiles(
+        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len, causal_shift,
+        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
     )  # fmt: skip
-    _store_rows(
-        state0, out, lse, tile_row0, first_token, first_head, q_len, 0, ROWS, HEADS_PER_TILE,
-        NUM_HEADS, HEAD_DIM, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
-    )  # fmt: skip
-    if SPLIT_M:
-        _store_rows(
-            state1, out, lse, tile_row0, first_token, first_head, q_len, ROWS, ROWS,
-            HEADS_PER_TILE, NUM_HEADS, HEAD_DIM, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
-        )  # fmt: skip
+
+    # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
+    saw_key = l_i > 0.0
+    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    tl.store(
+        out + tile_row0 * Q_TOKEN_STRIDE + q_offsets,
+        _round_to(acc, out.dtype.element_ty, INTERPRETED),
+        mask=row_in_seq[:, None],
+    )
+    if WRITE_LSE:
+        # log2(sum_j exp(sm_scale * q.k_j)) = m_i + log2(l_i); log of an empty sum is -inf.
+        row_lse = tl.where(saw_key, m_i + tl.math.log2(tl.where(saw_key, l_i, 1.0)), float("-inf"))
+        lse_offsets = (tile_row0 + row_token) * NUM_HEADS + row_head
+        tl.store(lse + lse_offsets, row_lse, mask=row_in_seq)

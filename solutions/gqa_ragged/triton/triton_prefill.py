@@ -50,19 +50,13 @@ def _launch_config(tokens_per_seq: float, slots, num_sms: int) -> dict:
     if INTERPRET:
         # The interpreter pays per program and per op, not per element; small tiles still make
         # the small test sequences cross tile boundaries and the causal diagonal.
-        return dict(
-            HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, SPLIT_M=False
-        )
+        return dict(HEADS_PER_TILE=4, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
     if tokens_per_seq <= 4:  # decode-like: 4 tokens x 4 heads fill the smallest tl.dot
-        return dict(
-            HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT_M=False
-        )
+        return dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2)
     if tokens_per_seq <= 128 or slots(32) * NUM_KV_HEADS < 2 * num_sms:
         # Short sequences, or too few 128-row tiles for two waves: smaller tiles, more programs.
-        return dict(
-            HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, SPLIT_M=False
-        )
-    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, SPLIT_M=False)
+        return dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
 
 
 def _describe(x) -> str:

@@ -130,6 +130,30 @@ SOLUTIONS = [
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
         "pipeline) over a ragged batch; all query tiles on one grid axis, lengths symbolic.",
     ),
+    SolutionSpec(
+        name="cuda_mini",
+        definition=MINI,
+        backend="cuda",
+        language="cuda",
+        binding="tvm-ffi",
+        entry_point="prefill_entry.cu::run_padded",
+        sources=("prefill_entry.cu", "attention_kernel.cuh"),
+        description="CUDA C++ FlashAttention-2 forward (mma.sync m16n8k16, ldmatrix, cp.async): "
+        "32 tokens x the 4 query heads of a KV group per 128-row tile, 8 warps, 64-key K/V tiles "
+        "loaded while the other operand is used; causal tiles skipped or masked on the diagonal.",
+    ),
+    SolutionSpec(
+        name="cuda_ragged",
+        definition=RAGGED,
+        backend="cuda",
+        language="cuda",
+        binding="tvm-ffi",
+        entry_point="prefill_entry.cu::run_ragged",
+        sources=("prefill_entry.cu", "attention_kernel.cuh"),
+        description="CUDA C++ FlashAttention-2 forward over a ragged batch (mma.sync, ldmatrix, "
+        "cp.async): grid sized from total_q and the batch, sequences found by a binary search "
+        "over qo_indptr in the kernel; writes the base-2 log-sum-exp.",
+    ),
 ]
 
 

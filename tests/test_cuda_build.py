@@ -1,0 +1,221 @@
+"""The CUDA solutions without a GPU.
+
+1. prefill_entry.cu compiles with nvcc the way flashinfer-bench's tvm-ffi builder compiles it
+   (-std=c++17 -O2 -fPIC, tvm-ffi and dlpack headers, the source folder as include path), for
+   sm_90 and for sm_90a; ptxas reports every kernel variant without (meaningful) spills.
+2. The packed solutions build through flashinfer-bench and their argument checks raise a
+   ValueError naming the argument, before anything touches CUDA (CPU tensors: every check but
+   the device one passes or fails exactly as it would on the GPU).
+
+The kernel's arithmetic runs only on a GPU: tests/test_solutions.py -k cuda.
+"""
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefill_bundle import REPO_ROOT
+from prefill_bundle.testing import build_solution
+
+SOURCE_DIR = REPO_ROOT / "solutions" / "gqa_ragged" / "cuda"
+ENTRY = SOURCE_DIR / "prefill_entry.cu"
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+
+# (dtype, causal, ragged) of every kernel the entry points launch.
+VARIANTS = [("__half", c, False) for c in (True, False)] + [
+    ("__nv_bfloat16", c, False) for c in (True, False)
+] + [("__half", True, True), ("__nv_bfloat16", True, True)]
+# ptxas spills 8 bytes (stored once, loaded once) in the padded non-causal kernels at the
+# 128-register cap of 2 CTAs per SM; the others spill nothing. More than this is a regression.
+MAX_SPILL_BYTES = 8
+
+
+def nvcc_command(arch: str, output: Path, verbose: bool) -> list:
+    import tvm_ffi.libinfo
+
+    command = [NVCC, "-Xcompiler", "-fPIC", "-std=c++17", "-O2"]
+    command += [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    command += ["-Xptxas", "-v"] if verbose else []
+    for include in (
+        tvm_ffi.libinfo.find_include_path(),
+        tvm_ffi.libinfo.find_dlpack_include_path(),
+        str(SOURCE_DIR),
+    ):
+        command.append(f"-I{include}")
+    return command + ["-c", str(ENTRY), "-o", str(output)]
+
+
+@lru_cache(maxsize=None)
+def compile_all(tmp: str) -> dict:
+    """Compile once per arch (in parallel): {arch: (returncode, output)}."""
+    def run(arch):
+        command = nvcc_command(arch, Path(tmp) / f"entry_{arch}.o", verbose=arch == "90a")
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        return arch, (result.returncode, result.stdout + result.stderr)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, ("90", "90a")))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return compile_all(str(tmp_path_factory.mktemp("cuda_build")))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["90", "90a"])
+def test_entry_compiles(compiled, arch):
+    returncode, output = compiled[arch]
+    assert returncode == 0, output
+
+
+def ptxas_report(output: str) -> dict:
+    """{mangled kernel name: (registers, spill store bytes, spill load bytes)}."""
+    report = {}
+    for block in re.split(r"ptxas info\s+: Compiling entry function ", output)[1:]:
+        name = block.split("'")[1]
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        registers = re.search(r"Used (\d+) registers", block)
+        assert spills and registers, block
+        report[name] = (int(registers[1]), int(spills[1]), int(spills[2]))
+    return report
+
+
+@needs_nvcc
+def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
+    returncode, output = compiled["90a"]
+    assert returncode == 0, output
+    report = ptxas_report(output)
+    for dtype, causal, ragged in VARIANTS:
+        name = f"gqa_prefill_kernelI{len(dtype)}{dtype}Lb{int(causal)}ELb{int(ragged)}E"
+        matches = [k for k in report if name in k]
+        assert len(matches) == 1, f"{name} not among {list(report)}"
+        registers, spill_stores, spill_loads = report[matches[0]]
+        print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
+        assert registers <= 128, "__launch_bounds__(256, 2) caps registers at 128"
+        assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
+        if ragged or causal:
+            assert spill_stores == 0, f"{name}: {spill_stores} bytes of spill stores"
+    assert len(report) == len(VARIANTS), f"unexpected kernels: {list(report)}"
+
+
+# 2. The packed solutions and their argument checks -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def entry_points():
+    """Both packed solutions, built by flashinfer-bench. Without a GPU the builder cannot ask
+    nvidia-smi for the arch: it compiles for sm_90 (TVM_FFI_CUDA_ARCH_LIST) then."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    with pytest.MonkeyPatch.context() as env:
+        if not torch.cuda.is_available() and "TVM_FFI_CUDA_ARCH_LIST" not in os.environ:
+            env.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0")
+        # tvm-ffi takes CUDA_HOME from nvcc's grandparent folder; a wrapper script on PATH
+        # (/usr/local/bin/nvcc) leaves it without lib64 for -lcudart.
+        if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
+            home = Path(NVCC).resolve().parent.parent
+            if not (home / "lib64").exists() and Path("/usr/local/cuda/lib64").exists():
+                env.setenv("CUDA_HOME", "/usr/local/cuda")
+        try:
+            return build_solution("cuda_mini"), build_solution("cuda_ragged")
+        except Exception as error:  # noqa: BLE001 - the reason goes into the skip
+            if "load" in str(error).lower() and not torch.cuda.is_available():
+                pytest.skip(f"the built module does not load without a GPU here: {error}")
+            raise
+
+
+BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
+
+
+def padded_args(**changes):
+    args = dict(
+        q=torch.zeros(2, 5, 32, 128, dtype=F16),
+        k=torch.zeros(2, 7, 8, 128, dtype=F16),
+        v=torch.zeros(2, 7, 8, 128, dtype=F16),
+        causal=True,
+        out=torch.zeros(2, 5, 32, 128, dtype=F16),
+    )
+    return list({**args, **changes}.values())
+
+
+def ragged_args(**changes):
+    args = dict(
+        q=torch.zeros(9, 32, 128, dtype=BF16),
+        k=torch.zeros(11, 8, 128, dtype=BF16),
+        v=torch.zeros(11, 8, 128, dtype=BF16),
+        qo_indptr=torch.tensor([0, 4, 9], dtype=I32),
+        kv_indptr=torch.tensor([0, 5, 11], dtype=I32),
+        sm_scale=1.0 / math.sqrt(128),
+        output=torch.zeros(9, 32, 128, dtype=BF16),
+        lse=torch.zeros(9, 32, dtype=F32),
+    )
+    return list({**args, **changes}.values())
+
+
+def non_contiguous(shape, dtype):
+    return torch.zeros(*reversed(shape), dtype=dtype).permute(*reversed(range(len(shape))))
+
+
+PADDED_ERRORS = [
+    (dict(q=torch.zeros(2, 5, 32, 128, dtype=F32)),
+     r"q: expected float16 or bfloat16 \[batch, seq_q, 32, 128\], got float32 \[2, 5, 32, 128\]"),
+    (dict(q=torch.zeros(2, 5, 16, 128, dtype=F16)),
+     r"q: expected .* got float16 \[2, 5, 16, 128\]"),
+    (dict(k=torch.zeros(2, 7, 8, 128, dtype=BF16)),
+     r"k: expected float16 \[2, seq_kv, 8, 128\] \(q's dtype and batch\), got bfloat16"),
+    (dict(k=torch.zeros(3, 7, 8, 128, dtype=F16)), r"k: expected float16 \[2, seq_kv, 8, 128\]"),
+    (dict(v=torch.zeros(2, 6, 8, 128, dtype=F16)), r"v: expected k's shape \[2, 7, 8, 128\]"),
+    (dict(out=torch.zeros(2, 5, 32, 128, dtype=BF16)),
+     r"out: expected float16 \[2, 5, 32, 128\] \(q's dtype and shape\), got bfloat16"),
+    (dict(k=non_contiguous((2, 7, 8, 128), F16)), r"k: expected a contiguous tensor"),
+    ({}, r"q: expected a CUDA tensor, got one on cpu"),  # every other check passes
+]
+RAGGED_ERRORS = [
+    (dict(q=torch.zeros(9, 32, 64, dtype=BF16)),
+     r"q: expected bfloat16 or float16 \[total_q, 32, 128\], got bfloat16 \[9, 32, 64\]"),
+    (dict(v=torch.zeros(11, 8, 128, dtype=F16)), r"v: expected bfloat16 \[total_kv, 8, 128\]"),
+    (dict(v=torch.zeros(10, 8, 128, dtype=BF16)), r"v: expected k's shape \[11, 8, 128\]"),
+    (dict(qo_indptr=torch.tensor([0, 4, 9])),
+     r"qo_indptr: expected int32 \[batch \+ 1\], got int64"),
+    (dict(kv_indptr=torch.tensor([0, 11], dtype=I32)),
+     r"kv_indptr: expected int32 \[3\] \(qo_indptr's shape\), got int32 \[2\]"),
+    (dict(qo_indptr=torch.tensor([0], dtype=I32), kv_indptr=torch.tensor([0], dtype=I32)),
+     r"qo_indptr: expected at least one sequence"),
+    (dict(sm_scale=float("nan")), r"sm_scale: expected a finite float"),
+    (dict(output=torch.zeros(9, 32, 128, dtype=F16)), r"output: expected bfloat16 \[9, 32, 128\]"),
+    (dict(lse=torch.zeros(9, 32, dtype=BF16)), r"lse: expected float32 \[9, 32\], got bfloat16"),
+    (dict(lse=non_contiguous((9, 32), F32)), r"lse: expected a contiguous tensor"),
+    ({}, r"q: expected a CUDA tensor, got one on cpu"),
+]
+
+
+@pytest.mark.parametrize("changes,message", PADDED_ERRORS)
+def test_padded_argument_checks(entry_points, changes, message):
+    run_padded = entry_points[0]
+    with pytest.raises(ValueError, match=message):
+        run_padded(*padded_args(**changes))
+
+
+@pytest.mark.parametrize("changes,message", RAGGED_ERRORS)
+def test_ragged_argument_checks(entry_points, changes, message):
+    run_ragged = entry_points[1]
+    with pytest.raises(ValueError, match=message):
+        run_ragged(*ragged_args(**changes))
+
+
+def test_scalar_types_are_checked_by_tvm_ffi(entry_points):
+    run_padded, run_ragged = entry_points
+    with pytest.raises(TypeError, match="Expected `bool`"):
+        run_padded(*padded_args(causal=0.5))
+    with pytest.raises(TypeError, match="Expected `float`"):
+        run_ragged(*ragged_args(sm_scale="0.1"))

@@ -49,7 +49,13 @@ def block_config(dtype: str, causal: bool) -> dict:
 
 
 def gqa_prefill(
-    dtype: str, causal: bool, block_M: int, block_N: int, num_stages: int, threads: int
+    dtype: str,
+    causal: bool,
+    block_M: int,
+    block_N: int,
+    num_stages: int,
+    threads: int,
+    overlap: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -57,6 +63,10 @@ def gqa_prefill(
     [batch + 1], sm_scale float32 -> Output [total_q, 32, 128] (dtype) and LSE [total_q, 32]
     float32, the base-2 log-sum-exp of the scaled logits. Causal is bottom-right aligned: query
     i of a sequence sees key j iff j <= i + seq_kv - seq_q. A row that sees no key gets 0 and -inf.
+
+    overlap declares FA3's schedule for the loop body instead of leaving it to TileLang: Q K^T
+    and the softmax of tile k run in stage 0, the rescale and P V of tile k - 1 in stage 1,
+    issued between them, so the tensor cores work while the softmax runs.
     """
     total_q = T.dynamic("total_q")
     total_kv = T.dynamic("total_kv")
@@ -203,7 +213,18 @@ def gqa_prefill(
             # A slot past the sequence's last tile (one per sequence at most) loads nothing.
             if q_tile < seq_q:
                 T.copy(Q[q_start + q_tile : q_start + q_tile + block_M, head, :], Q_shared)
-                for k in T.Pipelined(loop_range, num_stages=num_stages):
+                # One entry per statement of the body: K copy, Q K^T, mask, softmax (8),
+                # rescale, V copy, P V. Emitted as: K and V copies, Q K^T and mask of tile k,
+                # rescale and P V of tile k - 1, softmax of tile k.
+                schedule = (
+                    dict(
+                        order=[0, 2, 3, *range(6, 14), 4, 1, 5],
+                        stage=[0, 0, 0, *[0] * 8, 1, 0, 1],
+                    )
+                    if overlap
+                    else dict(num_stages=num_stages)
+                )
+                for k in T.Pipelined(loop_range, **schedule):
                     MMA0(
                         K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0
                     )

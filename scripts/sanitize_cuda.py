@@ -1,7 +1,7 @@
 """On the GPU, under compute-sanitizer: run the CUDA solutions on a small padded case and on a
 ragged batch with an empty sequence and queries without keys, and check the results.
 
-    compute-sanitizer --kernel-name regex:gqa_prefill python scripts/sanitize_cuda.py
+    compute-sanitizer --kernel-name kns=gqa_prefill python scripts/sanitize_cuda.py
 """
 
 import sys

@@ -2,7 +2,8 @@
 
 1. prefill_entry.cu compiles with nvcc the way flashinfer-bench's tvm-ffi builder compiles it
    (-std=c++17 -O2 -fPIC, tvm-ffi and dlpack headers, the source folder as include path), for
-   sm_90 and for sm_90a; ptxas reports every kernel variant without (meaningful) spills.
+   sm_90 and for sm_90a; ptxas reports every kernel variant without (meaningful) spills. The
+   wgmma kernels (sm_90a) run their HGMMAs unserialized; in an sm_90 build they are stubs.
 2. The packed solutions build through flashinfer-bench and their argument checks raise a
    ValueError naming the argument, before anything touches CUDA (CPU tensors: every check but
    the device one passes or fails exactly as it would on the GPU).
@@ -37,6 +38,13 @@ VARIANTS = [("__half", c, False) for c in (True, False)] + [
 # ptxas spills 8 bytes (stored once, loaded once) in the padded non-causal kernels at the
 # 128-register cap of 2 CTAs per SM; the others spill nothing. More than this is a regression.
 MAX_SPILL_BYTES = 8
+PORTABLE_KERNEL = "gqa_prefill_kernel"
+WGMMA_KERNEL = "gqa_prefill_wgmma_kernel"  # the same variants, sm_90a only (else a stub)
+
+
+def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
+    """The part of the mangled name that identifies one variant."""
+    return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}Lb{int(causal)}ELb{int(ragged)}E"
 
 
 def nvcc_command(arch: str, output: Path, verbose: bool) -> list:
@@ -67,8 +75,14 @@ def compile_all(tmp: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    return compile_all(str(tmp_path_factory.mktemp("cuda_build")))
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cuda_build")
+
+
+@pytest.fixture(scope="module")
+def compiled(build_dir):
+    """{arch: (returncode, output)}; the objects are build_dir / entry_{arch}.o."""
+    return compile_all(str(build_dir))
 
 
 @needs_nvcc
@@ -96,7 +110,7 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
     assert returncode == 0, output
     report = ptxas_report(output)
     for dtype, causal, ragged in VARIANTS:
-        name = f"gqa_prefill_kernelI{len(dtype)}{dtype}Lb{int(causal)}ELb{int(ragged)}E"
+        name = kernel_name(PORTABLE_KERNEL, dtype, causal, ragged)
         matches = [k for k in report if name in k]
         assert len(matches) == 1, f"{name} not among {list(report)}"
         registers, spill_stores, spill_loads = report[matches[0]]
@@ -105,7 +119,77 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
         assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
         if ragged or causal:
             assert spill_stores == 0, f"{name}: {spill_stores} bytes of spill stores"
-    assert len(report) == len(VARIANTS), f"unexpected kernels: {list(report)}"
+    assert len(report) == 2 * len(VARIANTS), f"unexpected kernels: {list(report)}"
+
+
+@needs_nvcc
+def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
+    returncode, output = compiled["90a"]
+    assert returncode == 0, output
+    report = ptxas_report(output)
+    for dtype, causal, ragged in VARIANTS:
+        name = kernel_name(WGMMA_KERNEL, dtype, causal, ragged)
+        matches = [k for k in report if name in k]
+        assert len(matches) == 1, f"{name} not among {list(report)}"
+        registers, spill_stores, spill_loads = report[matches[0]]
+        print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
+        assert registers <= 255 and spill_stores == 0 and spill_loads == 0, report[matches[0]]
+    # C7515 and kin: ptxas had to wait for each wgmma before the next (accumulators touched
+    # between issue and wait), which would undo the asynchronous pipeline.
+    assert "Potential Performance Loss" not in output, output
+
+
+def find_cuobjdump():
+    """cuobjdump from PATH, beside nvcc, or the copy that Triton bundles."""
+    candidates = [shutil.which("cuobjdump")]
+    if NVCC is not None:
+        candidates.append(str(Path(NVCC).resolve().parent / "cuobjdump"))
+        candidates.append("/usr/local/cuda/bin/cuobjdump")
+    try:
+        import triton
+
+        candidates.append(
+            str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+        )
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def sass_by_function(cuobjdump: str, obj: Path) -> dict:
+    """{mangled function name: its SASS text} of an object's sm_90(a) cubin."""
+    result = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    functions = {}
+    for block in re.split(r"\n\s*Function : ", result.stdout)[1:]:
+        name, _, body = block.partition("\n")
+        functions[name.strip()] = body
+    return functions
+
+
+@needs_nvcc
+def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, build_dir):
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump found")
+    assert all(returncode == 0 for returncode, _ in compiled.values())
+    for arch in ("90", "90a"):
+        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        for dtype, causal, ragged in VARIANTS:
+            wgmma = [f for f in functions if kernel_name(WGMMA_KERNEL, dtype, causal, ragged) in f]
+            portable = [
+                f for f in functions if kernel_name(PORTABLE_KERNEL, dtype, causal, ragged) in f
+            ]
+            assert len(wgmma) == 1 and len(portable) == 1, list(functions)
+            hgmma = functions[wgmma[0]].count("HGMMA.64x128x16.F32")
+            if arch == "90a":
+                # 8 k-steps of S = Q K^T in the prologue and in the loop, 8 of O += P V in the
+                # loop and after it.
+                assert hgmma == 32, f"{wgmma[0]}: {hgmma} HGMMA on sm_90a"
+            else:
+                assert hgmma == 0, f"{wgmma[0]}: the sm_90 stub holds {hgmma} HGMMA"
+            assert "HGMMA" not in functions[portable[0]]
+            assert "HMMA" in functions[portable[0]]
 
 
 # 2. The packed solutions and their argument checks -------------------------------------------

@@ -6,7 +6,8 @@
 //   run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)  gqa_ragged_prefill_causal_...
 //
 // q, k, v and the outputs may be float16 or bfloat16 (both definitions), all of one dtype; lse is
-// float32; every tensor must be contiguous and on the same CUDA device. Nothing here reads a
+// float32; every tensor must be contiguous and on the same CUDA device. An sm_90a build runs the
+// wgmma kernel, an sm_90 build the portable one (see launch()). Nothing here reads a
 // device tensor: the ragged grid is sized from total_q and the batch size alone.
 
 #include <cuda_runtime.h>
@@ -117,28 +118,58 @@ void check_placement(std::initializer_list<std::pair<const char*, const TensorVi
   }
 }
 
+// Raises a kernel's dynamic shared-memory limit (above 48 KiB needs an opt-in, once per
+// kernel and device).
+template <typename Kernel>
+void allow_smem(Kernel* kernel, size_t bytes) {
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_kernel: cudaFuncSetAttribute(" << bytes
+                                << " bytes of shared memory) failed: "
+                                << cudaGetErrorString(err);
+  }
+}
+
+// Which kernel runs. The wgmma kernel's body exists only in an sm_90a build (flashinfer-bench
+// compiles for sm_90 unless TVM_FFI_CUDA_ARCH_LIST=9.0a); elsewhere it is a stub. Host code
+// cannot see the device-side __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare different
+// __launch_bounds__ and cudaFuncGetAttributes reports the one of the version the device
+// loaded: maxThreadsPerBlock == kWgmmaThreads means the real wgmma kernel. Decided once per
+// kernel and device, with the shared-memory opt-in of the chosen kernel.
 template <typename T, bool kCausal, bool kRagged>
 void launch(const Params& params, int64_t num_ctas, const DLDevice& device) {
-  auto* kernel = gqa_prefill_kernel<T, kCausal, kRagged>;
-  // Above 48 KiB of dynamic shared memory needs an opt-in, once per kernel and device.
-  static bool smem_opted_in[64] = {};
+  auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
+  auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+  enum Path : uint8_t { kUnknown, kPortable, kHopper };
+  static Path chosen[64] = {};
   const bool cacheable = device.device_id >= 0 && device.device_id < 64;
-  if (!cacheable || !smem_opted_in[device.device_id]) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSmemBytes));
-    if (err != cudaSuccess) {
-      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_kernel: cudaFuncSetAttribute(" << kSmemBytes
-                                  << " bytes of shared memory) failed: "
-                                  << cudaGetErrorString(err);
+  Path path = cacheable ? chosen[device.device_id] : kUnknown;
+  if (path == kUnknown) {
+    path = kPortable;
+    if (kEnableWgmmaPath) {
+      cudaFuncAttributes attributes{};
+      if (cudaFuncGetAttributes(&attributes, hopper) == cudaSuccess) {
+        if (attributes.maxThreadsPerBlock == kWgmmaThreads) path = kHopper;
+      } else {
+        cudaGetLastError();  // not loadable here: clear the error, run the portable kernel
+      }
     }
-    if (cacheable) smem_opted_in[device.device_id] = true;
+    path == kHopper ? allow_smem(hopper, kWgmmaSmemBytes) : allow_smem(portable, kSmemBytes);
+    if (cacheable) chosen[device.device_id] = path;
   }
   auto stream =
       static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
-  kernel<<<static_cast<unsigned>(num_ctas), kNumThreads, kSmemBytes, stream>>>(params);
+  if (path == kHopper) {
+    hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kWgmmaSmemBytes, stream>>>(params);
+  } else {
+    portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kSmemBytes, stream>>>(params);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_kernel launch (" << num_ctas
+    const char* name = path == kHopper ? "gqa_prefill_wgmma_kernel" : "gqa_prefill_kernel";
+    TVM_FFI_THROW(RuntimeError) << name << " launch (" << num_ctas
                                 << " CTAs) failed: " << cudaGetErrorString(err);
   }
 }

@@ -58,6 +58,8 @@ def gqa_prefill(
     num_stages: int,
     threads: int,
     overlap: bool = False,
+    ws: bool = False,
+    pingpong: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -69,6 +71,12 @@ def gqa_prefill(
     overlap declares FA3's schedule for the loop body instead of leaving it to TileLang: Q K^T
     and the softmax of tile k run in stage 0, the rescale and P V of tile k - 1 in stage 1,
     issued between them, so the tensor cores work while the softmax runs.
+
+    ws builds FA3's structure by hand instead (gqa_prefill_ws): a producer warp issuing TMA loads
+    of K and V into a num_stages ring guarded by mbarriers, block_M // 64 consumer warpgroups with
+    asynchronous wgmma (softmax of tile k while P V of tile k - 1 runs); pingpong adds FA3's
+    inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
+    softmax). threads must then be 128 * (block_M // 64 + 1); overlap is ignored.
     """
     total_q = T.dynamic("total_q")
     total_kv = T.dynamic("total_kv")
@@ -77,6 +85,26 @@ def gqa_prefill(
     num_slots = batch + total_q // block_M
     accum_dtype = T.float32
     neg_inf = -T.infinity(accum_dtype)
+
+    @T.macro
+    def MaskTile(acc_s, k, seq_kv, q_pos0):
+        """The keys a row of KV tile k may not see set to -inf."""
+        # Masking after the GEMM, not by pre-filling the accumulator, overwrites whatever the
+        # rows past the sequence's keys gave (the next sequence's keys, TMA's zero fill).
+        for i, j in T.Parallel(block_M, block_N):
+            key = k * block_N + j
+            if causal:
+                acc_s[i, j] = T.if_then_else(
+                    (key < seq_kv) & (key <= q_pos0 + i), acc_s[i, j], neg_inf
+                )
+            else:
+                acc_s[i, j] = T.if_then_else(key < seq_kv, acc_s[i, j], neg_inf)
+
+    @T.macro
+    def Mask(acc_s, k, seq_kv, full_end, q_pos0):
+        """MaskTile, for the tiles that reach past full_end only."""
+        if (k + 1) * block_N > full_end:
+            MaskTile(acc_s, k, seq_kv, q_pos0)
 
     @T.macro
     def MMA0(K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0):
@@ -90,23 +118,11 @@ def gqa_prefill(
             clear_accum=True,
             policy=T.GemmWarpPolicy.FullRow,
         )
-        # Masking after the GEMM, not by pre-filling the accumulator, overwrites whatever the
-        # rows past the sequence's keys gave (the next sequence's keys, TMA's zero fill). Only
-        # the tiles that reach past full_end need it.
-        if (k + 1) * block_N > full_end:
-            for i, j in T.Parallel(block_M, block_N):
-                key = k * block_N + j
-                if causal:
-                    acc_s[i, j] = T.if_then_else(
-                        (key < seq_kv) & (key <= q_pos0 + i), acc_s[i, j], neg_inf
-                    )
-                else:
-                    acc_s[i, j] = T.if_then_else(key < seq_kv, acc_s[i, j], neg_inf)
+        Mask(acc_s, k, seq_kv, full_end, q_pos0)
 
     @T.macro
     def Softmax(
         acc_s,
-        acc_s_cast,
         scores_max,
         scores_max_prev,
         max_scaled,
@@ -132,7 +148,6 @@ def gqa_prefill(
         T.reduce_sum(acc_s, scores_sum, dim=1)
         for i in T.Parallel(block_M):
             logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-        T.copy(acc_s, acc_s_cast)
 
     @T.macro
     def Rescale(acc_o, scores_scale):
@@ -145,6 +160,12 @@ def gqa_prefill(
         """acc_o += P V of KV tile k."""
         T.copy(V[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
         T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+    if ws:
+        assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
+        return gqa_prefill_ws(
+            dtype, causal, block_M, block_N, num_stages, pingpong, Mask, MaskTile, Softmax, Rescale
+        )
 
     @T.prim_func
     def main(
@@ -232,7 +253,6 @@ def gqa_prefill(
                     )
                     Softmax(
                         acc_s,
-                        acc_s_cast,
                         scores_max,
                         scores_max_prev,
                         max_scaled,
@@ -241,6 +261,7 @@ def gqa_prefill(
                         logsum,
                         scale_log2,
                     )
+                    T.copy(acc_s, acc_s_cast)
                     Rescale(acc_o, scores_scale)
                     MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head)
 
@@ -257,6 +278,255 @@ def gqa_prefill(
             for i in T.Parallel(block_M):
                 if q_tile + i < seq_q:
                     LSE[q_start + q_tile + i, head] = lse[i]
+
+    return main
+
+
+PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count up from 3)
+
+
+def gqa_prefill_ws(
+    dtype, causal, block_M, block_N, num_stages, pingpong, Mask, MaskTile, Softmax, Rescale
+):
+    """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
+
+    Warpgroups 0 .. block_M // 64 - 1 consume (64 query rows each, as one 128-row wgmma tile);
+    the last warpgroup produces: it gives its registers away (setmaxnreg) and one warp issues the
+    TMA loads, Q once, then K and V of every tile into a num_stages ring, each slot guarded by a
+    full mbarrier (TMA bytes landed) and an empty one (all consumer threads done reading). The
+    consumers issue Q K^T of tile k and P V of tile k - 1 asynchronously, wait for Q K^T only, run
+    the softmax of tile k while P V still runs, then wait for it. pingpong: the warpgroups take
+    turns issuing their GEMMs (named barriers), so one's softmax hides the other's GEMMs.
+    """
+    assert block_M % 64 == 0, "one consumer warpgroup per 64 query rows"
+    num_consumers = block_M // 64
+    consumer_threads = 128 * num_consumers
+    threads = consumer_threads + 128
+    # FA3's register split: the producer warpgroup keeps 24 (32 beside three consumers).
+    producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
+    total_q = T.dynamic("total_q")
+    total_kv = T.dynamic("total_kv")
+    len_indptr = T.dynamic("len_indptr")
+    batch = len_indptr - 1
+    num_slots = batch + total_q // block_M
+    accum_dtype = T.float32
+    neg_inf = -T.infinity(accum_dtype)
+    policy = T.GemmWarpPolicy.FullRow
+
+    @T.macro
+    def Step(
+        k, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars, seq_kv,
+        q_pos0, scale_log2,
+    ):  # fmt: skip
+        """Consumer iteration k >= 1: Q K^T of tile k and P V of tile k - 1 in flight together,
+        the softmax of tile k while P V runs. stats: the softmax's row vectors; bars: the K and
+        V ring's barriers and the ping-pong barrier ids.
+
+        The wait for P V (k - 2) opens the iteration instead of closing the previous one: ptxas
+        hoists a wgmma wait within a basic block up to the first write of a softmax register,
+        which would put the exponentials behind P V again; across the loop's back edge it cannot.
+        """
+        scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum = stats
+        k_full, v_full, k_empty, v_empty, my_barrier, next_barrier = bars
+        stage = k % num_stages
+        prev = (k - 1) % num_stages
+        T.wait_wgmma(0)  # P V of tile k - 2 done: its V slot and P's registers are free
+        if k >= 2:
+            T.mbarrier_arrive(v_empty[(k - 2) % num_stages])
+        T.copy(acc_s, acc_s_cast)  # P of tile k - 1
+        T.mbarrier_wait_parity(k_full[stage], (k // num_stages) & 1)
+        if pingpong:
+            T.sync_threads(my_barrier, 256)
+        T.wgmma_gemm(
+            Q_shared, K_shared[stage, :, :], acc_s, transpose_B=True, clear_accum=True,
+            policy=policy,
+        )  # fmt: skip
+        # The running max of tile k - 1 moved: rescale before its P V adds on.
+        Rescale(acc_o, scores_scale)
+        T.mbarrier_wait_parity(v_full[prev], ((k - 1) // num_stages) & 1)
+        T.wgmma_gemm(acc_s_cast, V_shared[prev, :, :], acc_o, policy=policy)
+        if pingpong:
+            T.named_barrier_arrive(next_barrier, 256)
+        T.wait_wgmma(1)  # Q K^T of tile k done, P V of tile k - 1 runs on
+        T.mbarrier_arrive(k_empty[stage])
+        if masked:
+            MaskTile(acc_s, k, seq_kv, q_pos0)
+        Softmax(
+            acc_s,
+            scores_max,
+            scores_max_prev,
+            max_scaled,
+            scores_scale,
+            scores_sum,
+            logsum,
+            scale_log2,
+        )
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+        K: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
+        V: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
+        qo_indptr: T.Tensor([len_indptr], T.int32),
+        kv_indptr: T.Tensor([len_indptr], T.int32),
+        sm_scale: T.float32,
+        Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+        LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+    ):
+        with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
+            Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
+            K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
+            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
+            acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
+            scores_max = T.alloc_fragment([block_M], accum_dtype)
+            scores_max_prev = T.alloc_fragment([block_M], accum_dtype)
+            max_scaled = T.alloc_fragment([block_M], accum_dtype)
+            scores_scale = T.alloc_fragment([block_M], accum_dtype)
+            scores_sum = T.alloc_fragment([block_M], accum_dtype)
+            logsum = T.alloc_fragment([block_M], accum_dtype)
+            lse = T.alloc_fragment([block_M], accum_dtype)
+            # full: the producer warp's 32 threads arrive, TMA's bytes complete the phase;
+            # empty: every consumer thread arrives once it is done with the slot.
+            q_full = T.alloc_barrier(32)
+            k_full = T.alloc_barrier([32] * num_stages)
+            v_full = T.alloc_barrier([32] * num_stages)
+            k_empty = T.alloc_barrier([consumer_threads] * num_stages)
+            v_empty = T.alloc_barrier([consumer_threads] * num_stages)
+            tx = T.get_thread_binding()
+
+            head = block % NUM_HEADS
+            slot = num_slots - 1 - block // NUM_HEADS
+            seq = T.alloc_var(T.int32, init=0)
+            for bit in T.unroll(MAX_BATCH_BITS):
+                probe = seq + (1 << (MAX_BATCH_BITS - 1 - bit))
+                if probe < batch:
+                    if probe + qo_indptr[probe] // block_M <= slot:
+                        seq = probe
+
+            q_start = qo_indptr[seq]
+            seq_q = qo_indptr[seq + 1] - q_start
+            kv_start = kv_indptr[seq]
+            seq_kv = kv_indptr[seq + 1] - kv_start
+            q_tile = (slot - seq - q_start // block_M) * block_M
+            kv_head = head // GROUP_SIZE
+            scale_log2 = sm_scale * LOG2_E
+            q_pos0 = q_tile + seq_kv - seq_q
+            if causal:
+                kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
+                full_end = T.min(seq_kv, q_pos0 + 1)
+            else:
+                kv_stop = seq_kv
+                full_end = seq_kv
+            # At least one tile, even for a tile that sees no key (its mask hides every key).
+            loop_range = T.max(T.ceildiv(kv_stop, block_N), 1)
+
+            if q_tile < seq_q:  # uniform over the block: a spare slot does nothing
+                if tx >= consumer_threads:
+                    T.set_max_nreg(producer_regs, 0)
+                    if tx < consumer_threads + 32:
+                        T.tma_copy(
+                            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                            Q_shared,
+                            barrier=q_full[0],
+                        )
+                        T.mbarrier_arrive(q_full[0])
+                        for k in T.serial(loop_range):
+                            stage = k % num_stages
+                            phase = (k // num_stages) & 1
+                            kv_row = kv_start + k * block_N
+                            T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                            T.tma_copy(
+                                K[kv_row : kv_row + block_N, kv_head, :],
+                                K_shared[stage, :, :],
+                                barrier=k_full[stage],
+                            )
+                            T.mbarrier_arrive(k_full[stage])
+                            T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                            T.tma_copy(
+                                V[kv_row : kv_row + block_N, kv_head, :],
+                                V_shared[stage, :, :],
+                                barrier=v_full[stage],
+                            )
+                            T.mbarrier_arrive(v_full[stage])
+                else:
+                    T.set_max_nreg(consumer_regs, 1)
+                    warpgroup = tx // 128
+                    my_barrier = PINGPONG_BARRIER + warpgroup
+                    next_barrier = PINGPONG_BARRIER + (warpgroup + 1) % num_consumers
+                    T.fill(acc_o, 0)
+                    T.fill(logsum, 0)
+                    T.fill(scores_max, neg_inf)
+                    T.fill(max_scaled, 0)
+                    if pingpong:
+                        if warpgroup == num_consumers - 1:
+                            T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
+                    T.mbarrier_wait_parity(q_full[0], 0)
+
+                    # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
+                    T.mbarrier_wait_parity(k_full[0], 0)
+                    if pingpong:
+                        T.sync_threads(my_barrier, 256)
+                    T.wgmma_gemm(
+                        Q_shared, K_shared[0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                        policy=policy,
+                    )  # fmt: skip
+                    if pingpong:
+                        T.named_barrier_arrive(next_barrier, 256)
+                    T.wait_wgmma(0)
+                    T.mbarrier_arrive(k_empty[0])
+                    Mask(acc_s, 0, seq_kv, full_end, q_pos0)
+                    Softmax(
+                        acc_s,
+                        scores_max,
+                        scores_max_prev,
+                        max_scaled,
+                        scores_scale,
+                        scores_sum,
+                        logsum,
+                        scale_log2,
+                    )
+
+                    # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
+                    mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
+                    stats = (
+                        scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum
+                    )  # fmt: skip
+                    bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
+                    bufs = (Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars)
+                    for k in T.serial(1, mask_from):
+                        Step(k, False, *bufs, seq_kv, q_pos0, scale_log2)
+                    for k in T.serial(mask_from, loop_range):
+                        Step(k, True, *bufs, seq_kv, q_pos0, scale_log2)
+
+                    last = (loop_range - 1) % num_stages
+                    T.wait_wgmma(0)
+                    if loop_range >= 2:
+                        T.mbarrier_arrive(v_empty[(loop_range - 2) % num_stages])
+                    T.copy(acc_s, acc_s_cast)
+                    Rescale(acc_o, scores_scale)
+                    T.mbarrier_wait_parity(v_full[last], ((loop_range - 1) // num_stages) & 1)
+                    T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
+                    T.wait_wgmma(0)
+                    T.mbarrier_arrive(v_empty[last])
+
+                    # A row that saw no key has logsum 0: output 0 and lse -inf.
+                    for i in T.Parallel(block_M):
+                        lse[i] = T.if_then_else(
+                            logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf
+                        )
+                        scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
+                    Rescale(acc_o, scores_scale)
+                    # The output goes through Q's shared memory (FA3 reuses it too): both
+                    # warpgroups are past their last Q K^T at the barrier TileLang puts before it.
+                    T.copy(acc_o, Q_shared)
+                    for i, j in T.Parallel(block_M, HEAD_DIM):
+                        if q_tile + i < seq_q:
+                            Output[q_start + q_tile + i, head, j] = Q_shared[i, j]
+                    for i in T.Parallel(block_M):
+                        if q_tile + i < seq_q:
+                            LSE[q_start + q_tile + i, head] = lse[i]
 
     return main
 

@@ -138,9 +138,10 @@ SOLUTIONS = [
         binding="tvm-ffi",
         entry_point="prefill_entry.cu::run_padded",
         sources=("prefill_entry.cu", "attention_kernel.cuh"),
-        description="CUDA C++ FlashAttention-2 forward (mma.sync m16n8k16, ldmatrix, cp.async): "
-        "32 tokens x the 4 query heads of a KV group per 128-row tile, 8 warps, 64-key K/V tiles "
-        "loaded while the other operand is used; causal tiles skipped or masked on the diagonal.",
+        description="CUDA C++ flash attention forward, 32 tokens x the 4 query heads of a KV group "
+        "per 128-row tile. Built for sm_90a (TVM_FFI_CUDA_ARCH_LIST=9.0a): wgmma m64n128k16 from "
+        "swizzled shared memory, 128-key K/V tiles double-buffered by cp.async, P V overlapped "
+        "with the softmax; otherwise mma.sync/ldmatrix. Causal tiles skipped or masked.",
     ),
     SolutionSpec(
         name="cuda_ragged",
@@ -150,9 +151,9 @@ SOLUTIONS = [
         binding="tvm-ffi",
         entry_point="prefill_entry.cu::run_ragged",
         sources=("prefill_entry.cu", "attention_kernel.cuh"),
-        description="CUDA C++ FlashAttention-2 forward over a ragged batch (mma.sync, ldmatrix, "
-        "cp.async): grid sized from total_q and the batch, sequences found by a binary search "
-        "over qo_indptr in the kernel; writes the base-2 log-sum-exp.",
+        description="CUDA C++ flash attention forward over a ragged batch (wgmma on sm_90a, "
+        "mma.sync otherwise): grid sized from total_q and the batch, sequences found by a binary "
+        "search over qo_indptr in the kernel; writes the base-2 log-sum-exp.",
     ),
 ]
 

@@ -1,8 +1,8 @@
 """The TileLang solutions without a GPU.
 
 1. Every kernel variant the solutions use lowers and compiles for sm_90a here, and its CUDA source
-   has the Hopper path: asynchronous K/V loads, wgmma for Q K^T (both operands in shared memory)
-   and for P V (P from registers).
+   has the Hopper path: asynchronous K/V loads (TMA from a producer warp), wgmma for Q K^T
+   (both operands in shared memory) and for P V (P from registers).
 2. The same TileLang program, its allocations made local and its grid a loop nest, runs through
    TileLang's C backend behind the packed entry points on the shared CPU cases. That checks the
    program's own arithmetic (tile-to-sequence search, causal bounds, masks, empty rows, guarded
@@ -72,7 +72,11 @@ def test_variants_cover_both_entry_points():
 def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     source = compiled(dtype, causal)
     operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
-    assert "tl::cp_async_gs_conditional<16>(" in source  # K/V: 16-byte async copies, bounded
+    if kernel_module().block_config(dtype, causal).get("ws"):
+        assert "tl::tma_load(" in source  # a producer warp loads K/V by TMA ...
+        assert "tl::warpgroup_reg_dealloc<24>" in source  # ... holding few registers
+    else:
+        assert "tl::cp_async_gs_conditional<16>(" in source  # 16-byte async copies, bounded
     assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
     assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
     assert "exp2" in source
@@ -148,6 +152,18 @@ CPU_CONFIGS = {
 }
 
 
+def cpu_form_of(config: dict) -> dict:
+    """The warp-specialized program (ws) indexes threads and barriers, which the C backend cannot
+    run; on the CPU its tiles run through the pipelined program, whose tile arithmetic (sequence
+    search, causal bounds, masks, guarded stores) is the same. The ws program itself runs in the
+    GPU matrix (tests/test_solutions.py -k tilelang)."""
+    config = dict(config)
+    if config.pop("ws", False):
+        config.update(threads=256, overlap=True)
+    config.pop("pingpong", None)
+    return config
+
+
 @pytest.mark.parametrize("config", CPU_CONFIGS)
 @pytest.mark.parametrize(
     "solution,case",
@@ -160,7 +176,7 @@ def test_program_on_cpu_matches_reference(solution, case, config, cpu_kernels, m
     block_config = kernel_module().block_config
 
     def kernel(dtype, causal, device):
-        tiles = CPU_CONFIGS[config] or block_config(entry._DTYPES[dtype], causal)
+        tiles = CPU_CONFIGS[config] or cpu_form_of(block_config(entry._DTYPES[dtype], causal))
         return _launcher(cpu_kernels(causal, tiles))
 
     monkeypatch.setattr(entry, "_kernel", kernel)

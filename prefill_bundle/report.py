@@ -11,6 +11,7 @@ from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
 from . import HEAD_DIM, NUM_HEADS, REPO_ROOT
+from .cuda_build import RESOURCES_MD
 from .packing import BASELINE_AUTHOR, SOLUTIONS
 
 FLASHINFER_BACKEND = "flashinfer"
@@ -194,6 +195,8 @@ def render(trace_set: TraceSet) -> str:
         ]
         lines += ["| geometric mean ratio | " + " | ".join(geo) + " |", ""]
     lines += apply_choices(trace_set)
+    if RESOURCES_MD.exists():  # what the CUDA kernels cost in registers and shared memory
+        lines += [RESOURCES_MD.read_text()]
     lines += ["## How these numbers were produced", ""]
     for hardware, libs in sorted(environments):
         lines.append(f"- {hardware}; " + ", ".join(f"{k} {v}" for k, v in libs))

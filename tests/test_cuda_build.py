@@ -23,11 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill_bundle import REPO_ROOT
+from prefill_bundle.cuda_build import (
+    RESOURCES_MD,
+    compile_entry,
+    ptxas_report,
+    resources_markdown,
+)
 from prefill_bundle.testing import build_solution
 
-SOURCE_DIR = REPO_ROOT / "solutions" / "gqa_ragged" / "cuda"
-ENTRY = SOURCE_DIR / "prefill_entry.cu"
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
@@ -47,28 +50,11 @@ def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
     return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}Lb{int(causal)}ELb{int(ragged)}E"
 
 
-def nvcc_command(arch: str, output: Path, verbose: bool) -> list:
-    import tvm_ffi.libinfo
-
-    command = [NVCC, "-Xcompiler", "-fPIC", "-std=c++17", "-O2"]
-    command += [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
-    command += ["-Xptxas", "-v"] if verbose else []
-    for include in (
-        tvm_ffi.libinfo.find_include_path(),
-        tvm_ffi.libinfo.find_dlpack_include_path(),
-        str(SOURCE_DIR),
-    ):
-        command.append(f"-I{include}")
-    return command + ["-c", str(ENTRY), "-o", str(output)]
-
-
 @lru_cache(maxsize=None)
 def compile_all(tmp: str) -> dict:
     """Compile once per arch (in parallel): {arch: (returncode, output)}."""
     def run(arch):
-        command = nvcc_command(arch, Path(tmp) / f"entry_{arch}.o", verbose=arch == "90a")
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        return arch, (result.returncode, result.stdout + result.stderr)
+        return arch, compile_entry(NVCC, arch, Path(tmp) / f"entry_{arch}.o", arch == "90a")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(run, ("90", "90a")))
@@ -92,18 +78,6 @@ def test_entry_compiles(compiled, arch):
     assert returncode == 0, output
 
 
-def ptxas_report(output: str) -> dict:
-    """{mangled kernel name: (registers, spill store bytes, spill load bytes)}."""
-    report = {}
-    for block in re.split(r"ptxas info\s+: Compiling entry function ", output)[1:]:
-        name = block.split("'")[1]
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
-        registers = re.search(r"Used (\d+) registers", block)
-        assert spills and registers, block
-        report[name] = (int(registers[1]), int(spills[1]), int(spills[2]))
-    return report
-
-
 @needs_nvcc
 def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
     returncode, output = compiled["90a"]
@@ -113,7 +87,7 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
         name = kernel_name(PORTABLE_KERNEL, dtype, causal, ragged)
         matches = [k for k in report if name in k]
         assert len(matches) == 1, f"{name} not among {list(report)}"
-        registers, spill_stores, spill_loads = report[matches[0]]
+        registers, spill_stores, spill_loads, _ = report[matches[0]]
         print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
         assert registers <= 128, "__launch_bounds__(256, 2) caps registers at 128"
         assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
@@ -131,12 +105,21 @@ def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
         name = kernel_name(WGMMA_KERNEL, dtype, causal, ragged)
         matches = [k for k in report if name in k]
         assert len(matches) == 1, f"{name} not among {list(report)}"
-        registers, spill_stores, spill_loads = report[matches[0]]
+        registers, spill_stores, spill_loads, _ = report[matches[0]]
         print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
         assert registers <= 255 and spill_stores == 0 and spill_loads == 0, report[matches[0]]
     # C7515 and kin: ptxas had to wait for each wgmma before the next (accumulators touched
     # between issue and wait), which would undo the asynchronous pipeline.
     assert "Potential Performance Loss" not in output, output
+
+
+@needs_nvcc
+def test_resource_table_in_report_is_current(compiled):
+    returncode, output = compiled["90a"]
+    assert returncode == 0, output
+    assert RESOURCES_MD.read_text() == resources_markdown(output), (
+        "run: python scripts/cuda_resources.py && python scripts/report.py"
+    )
 
 
 def find_cuobjdump():

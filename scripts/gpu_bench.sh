@@ -14,3 +14,5 @@ rm -rf traces && mkdir -p traces
 flashinfer-bench run --local . "$@"
 echo "gpu at end: $(clocks)"
 flashinfer-bench report summary --local .
+# 0.1.2 logs the summary at INFO, which report does not show: print it directly too.
+python3 -c "from flashinfer_bench import TraceSet; print(TraceSet.from_path('.').summary())"

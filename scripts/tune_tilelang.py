@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
 
 CONFIGS = [
-    dict(block_M=128, block_N=128, num_stages=2, threads=256, overlap=True),  # the default
-    # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V)
+    dict(block_M=128, block_N=128, num_stages=2, threads=256, overlap=True),  # T.Pipelined schedule
+    # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
+    # first of these is the default (block_config)
     dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True),
     dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True, pingpong=True),
     dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True, pingpong=True),

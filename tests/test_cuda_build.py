@@ -78,17 +78,24 @@ def test_entry_compiles(compiled, arch):
     assert returncode == 0, output
 
 
+def variant_resources(report: dict, kernel: str):
+    """(variant, name, ptxas resources) of each variant of kernel; each must appear once."""
+    for variant in VARIANTS:
+        name = kernel_name(kernel, *variant)
+        matches = [k for k in report if name in k]
+        assert len(matches) == 1, f"{name} not among {list(report)}"
+        registers, spill_stores, spill_loads, _ = report[matches[0]]
+        print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
+        yield variant, name, report[matches[0]]
+
+
 @needs_nvcc
 def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
     returncode, output = compiled["90a"]
     assert returncode == 0, output
     report = ptxas_report(output)
-    for dtype, causal, ragged in VARIANTS:
-        name = kernel_name(PORTABLE_KERNEL, dtype, causal, ragged)
-        matches = [k for k in report if name in k]
-        assert len(matches) == 1, f"{name} not among {list(report)}"
-        registers, spill_stores, spill_loads, _ = report[matches[0]]
-        print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
+    for (dtype, causal, ragged), name, resources in variant_resources(report, PORTABLE_KERNEL):
+        registers, spill_stores, spill_loads, _ = resources
         assert registers <= 128, "__launch_bounds__(256, 2) caps registers at 128"
         assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
         if ragged or causal:
@@ -100,14 +107,9 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
 def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
     returncode, output = compiled["90a"]
     assert returncode == 0, output
-    report = ptxas_report(output)
-    for dtype, causal, ragged in VARIANTS:
-        name = kernel_name(WGMMA_KERNEL, dtype, causal, ragged)
-        matches = [k for k in report if name in k]
-        assert len(matches) == 1, f"{name} not among {list(report)}"
-        registers, spill_stores, spill_loads, _ = report[matches[0]]
-        print(f"{name}: {registers} registers, {spill_stores}/{spill_loads} bytes spilled")
-        assert registers <= 255 and spill_stores == 0 and spill_loads == 0, report[matches[0]]
+    for _, name, resources in variant_resources(ptxas_report(output), WGMMA_KERNEL):
+        registers, spill_stores, spill_loads, _ = resources
+        assert registers <= 255 and spill_stores == 0 and spill_loads == 0, (name, resources)
     # C7515 and kin: ptxas had to wait for each wgmma before the next (accumulators touched
     # between issue and wait), which would undo the asynchronous pipeline.
     assert "Potential Performance Loss" not in output, output

@@ -19,12 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
 
 CONFIGS = [
-    dict(block_M=128, block_N=128, num_stages=2, threads=256, overlap=True),  # T.Pipelined schedule
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
-    # first of these is the default (block_config)
+    # defaults (block_config) are cfg1 for causal and cfg2 for non-causal
     dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True),
-    dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True, pingpong=True),
-    dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True, pingpong=True),
+    dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True, persistent=True),
+    dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

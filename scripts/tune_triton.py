@@ -23,10 +23,14 @@ from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # no
 # tl.range(warp_specialize=True) did not beat plain pointer loads (TMA 0.70-0.74x FlashInfer vs
 # 0.72-0.78x), and warp specialization fails to compile for sm_90 in Triton 3.6; so they are gone.
 CONFIGS = [
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-    dict(HEADS_PER_TILE=2, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
-    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),  # the default
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
+    dict(HEADS_PER_TILE=4, BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
+    dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    dict(HEADS_PER_TILE=1, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

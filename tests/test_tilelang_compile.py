@@ -161,6 +161,7 @@ def cpu_form_of(config: dict) -> dict:
     if config.pop("ws", False):
         config.update(threads=256, overlap=True)
     config.pop("pingpong", None)
+    config.pop("persistent", None)
     return config
 
 

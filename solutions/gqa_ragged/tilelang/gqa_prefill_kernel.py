@@ -40,18 +40,22 @@ VARIANTS = [(dtype, causal) for dtype in ("float16", "bfloat16") for causal in (
 
 
 def block_config(dtype: str, causal: bool) -> dict:
-    """Tile sizes and schedule per variant, measured on an H200 (scripts/tune_tilelang.py,
-    2026-11-23, fp16, ratio to FlashInfer fa3 in the same run on 8x2048 causal / 1x8192 causal /
-    1x16384 full):
-    - ws (FA3 written out: TMA producer warp, mbarrier ring, softmax beside P V), 128 x 128:
-      0.85 / 0.94 / 0.91; with ping-pong 0.85 / 0.94 / 0.89; 128 x 176 ping-pong 0.81 / 0.94 / 0.93;
-    - overlap (the schedule declared on T.Pipelined, cp.async loads): 0.67 / 0.74 / 0.70
-      (0.69 / 0.75 / 0.68 on the H100);
-    - TileLang's own schedule (TMA, warp-specialized, no overlap), H100: 0.35 / 0.36 / 0.30;
-      128 x 64 0.20; one stage 0.35; 64 x 128 with 128 threads 0.31.
+    """Tile sizes and schedule per variant. Measured with scripts/tune_tilelang.py, fp16, ratio
+    to FlashInfer fa3 in the same call (kernel time, do_bench) on 8x2048 causal / 1x8192 causal
+    / 1x16384 full:
+    - H100, 2026-11-24, ws (FA3 written out: TMA producer warp, mbarrier ring, softmax beside
+      P V): 128 x 128 0.81 / 0.92 / 0.91; 128 x 176 0.76 / 0.92 / 0.95; 128 x 128 with 3 stages
+      0.80 / 0.92 / 0.84; 128 x 176 ping-pong 0.78 / 0.92 / 0.88;
+    - H200, 2026-11-23: ws 128 x 128 0.85 / 0.94 / 0.91, with ping-pong 0.85 / 0.94 / 0.89;
+      the schedule declared on T.Pipelined (cp.async loads) 0.67 / 0.74 / 0.70; TileLang's own
+      schedule (TMA, warp-specialized, no overlap, H100) 0.35 / 0.36 / 0.30.
+    Causal items are short (8x2048: 8.5 KV tiles on average), so each block's prologue and
+    epilogue weigh: the causal kernel is persistent (see gqa_prefill_ws).
     """
-    del dtype, causal  # one config for every variant: the measurements do not separate them
-    return dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True)
+    del dtype  # the measurements do not separate the dtypes
+    if causal:
+        return dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True, persistent=True)
+    return dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True)
 
 
 def gqa_prefill(
@@ -64,6 +68,7 @@ def gqa_prefill(
     overlap: bool = False,
     ws: bool = False,
     pingpong: bool = False,
+    persistent: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -168,8 +173,9 @@ def gqa_prefill(
     if ws:
         assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
         return gqa_prefill_ws(
-            dtype, causal, block_M, block_N, num_stages, pingpong, Mask, MaskTile, Softmax, Rescale
-        )
+            dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile,
+            Softmax, Rescale,
+        )  # fmt: skip
 
     @T.prim_func
     def main(
@@ -286,21 +292,30 @@ def gqa_prefill(
     return main
 
 
+PERSISTENT_CTAS = 132  # an H100 SXM's SMs: one persistent block each (fewer SMs: still correct)
 PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count up from 3)
 
 
 def gqa_prefill_ws(
-    dtype, causal, block_M, block_N, num_stages, pingpong, Mask, MaskTile, Softmax, Rescale
-):
+    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile, Softmax,
+    Rescale,
+):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
 
     Warpgroups 0 .. block_M // 64 - 1 consume (64 query rows each, as one 128-row wgmma tile);
     the last warpgroup produces: it gives its registers away (setmaxnreg) and one warp issues the
-    TMA loads, Q once, then K and V of every tile into a num_stages ring, each slot guarded by a
-    full mbarrier (TMA bytes landed) and an empty one (all consumer threads done reading). The
-    consumers issue Q K^T of tile k and P V of tile k - 1 asynchronously, wait for Q K^T only, run
-    the softmax of tile k while P V still runs, then wait for it. pingpong: the warpgroups take
-    turns issuing their GEMMs (named barriers), so one's softmax hides the other's GEMMs.
+    TMA loads, Q once per tile, then K and V of every KV tile into a num_stages ring, each slot
+    guarded by a full mbarrier (TMA bytes landed) and an empty one (all consumer threads done
+    reading). The consumers issue Q K^T of tile k and P V of tile k - 1 asynchronously, wait for
+    Q K^T only, run the softmax of tile k while P V still runs, then wait for it. pingpong: the
+    warpgroups take turns issuing their GEMMs (named barriers), so one's softmax hides the other's
+    GEMMs.
+
+    Work items are (query tile, head) pairs, heaviest first. persistent: a grid of PERSISTENT_CTAS
+    blocks takes them round robin, and the ring and Q's barriers run on across items, so the
+    producer loads the next item's Q, K and V while the consumers finish the last P V and store
+    the output (staged in its own shared buffer, so that Q's can refill early). Otherwise one
+    block per item.
     """
     assert block_M % 64 == 0, "one consumer warpgroup per 64 query rows"
     num_consumers = block_M // 64
@@ -313,18 +328,54 @@ def gqa_prefill_ws(
     len_indptr = T.dynamic("len_indptr")
     batch = len_indptr - 1
     num_slots = batch + total_q // block_M
+    num_items = NUM_HEADS * num_slots
+    grid = T.min(num_items, PERSISTENT_CTAS) if persistent else num_items
     accum_dtype = T.float32
     neg_inf = -T.infinity(accum_dtype)
     policy = T.GemmWarpPolicy.FullRow
 
     @T.macro
+    def Locate(item, qo_indptr, kv_indptr, seq, tile):
+        """tile = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`: the last
+        slots (under causal the heaviest tiles) first, the 32 heads of a tile side by side (4 of
+        them on each KV tile they load: L2). seq: scratch for the binary search over indptr."""
+        slot = num_slots - 1 - item // NUM_HEADS
+        seq[0] = 0
+        for bit in T.unroll(MAX_BATCH_BITS):
+            probe = seq[0] + (1 << (MAX_BATCH_BITS - 1 - bit))
+            if probe < batch:
+                if probe + qo_indptr[probe] // block_M <= slot:
+                    seq[0] = probe
+        tile[0] = qo_indptr[seq[0]]
+        tile[1] = qo_indptr[seq[0] + 1] - tile[0]
+        tile[2] = kv_indptr[seq[0]]
+        tile[3] = kv_indptr[seq[0] + 1] - tile[2]
+        tile[4] = (slot - seq[0] - tile[0] // block_M) * block_M  # first query row of the tile
+        tile[5] = item % NUM_HEADS
+
+    def bounds(tile):
+        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
+        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
+        visited, at least one even when no row sees a key (its mask then hides every key)."""
+        seq_kv = tile[3]
+        q_pos0 = tile[4] + seq_kv - tile[1]
+        if causal:
+            kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
+            full_end = T.min(seq_kv, q_pos0 + 1)
+        else:
+            kv_stop = seq_kv
+            full_end = seq_kv
+        return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
+
+    @T.macro
     def Step(
-        k, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars, seq_kv,
-        q_pos0, scale_log2,
+        k, ring, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars,
+        seq_kv, q_pos0, scale_log2,
     ):  # fmt: skip
-        """Consumer iteration k >= 1: Q K^T of tile k and P V of tile k - 1 in flight together,
-        the softmax of tile k while P V runs. stats: the softmax's row vectors; bars: the K and
-        V ring's barriers and the ping-pong barrier ids.
+        """Consumer iteration k >= 1 of an item whose KV tile 0 sits at position `ring` of the
+        ring: Q K^T of tile k and P V of tile k - 1 in flight together, the softmax of tile k
+        while P V runs. stats: the softmax's row vectors; bars: the K and V ring's barriers and
+        the ping-pong barrier ids.
 
         The wait for P V (k - 2) opens the iteration instead of closing the previous one: ptxas
         hoists a wgmma wait within a basic block up to the first write of a softmax register,
@@ -332,13 +383,14 @@ def gqa_prefill_ws(
         """
         scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum = stats
         k_full, v_full, k_empty, v_empty, my_barrier, next_barrier = bars
-        stage = k % num_stages
-        prev = (k - 1) % num_stages
+        g = ring + k
+        stage = g % num_stages
+        prev = (g - 1) % num_stages
         T.wait_wgmma(0)  # P V of tile k - 2 done: its V slot and P's registers are free
         if k >= 2:
-            T.mbarrier_arrive(v_empty[(k - 2) % num_stages])
+            T.mbarrier_arrive(v_empty[(g - 2) % num_stages])
         T.copy(acc_s, acc_s_cast)  # P of tile k - 1
-        T.mbarrier_wait_parity(k_full[stage], (k // num_stages) & 1)
+        T.mbarrier_wait_parity(k_full[stage], (g // num_stages) & 1)
         if pingpong:
             T.sync_threads(my_barrier, 256)
         T.wgmma_gemm(
@@ -347,7 +399,7 @@ def gqa_prefill_ws(
         )  # fmt: skip
         # The running max of tile k - 1 moved: rescale before its P V adds on.
         Rescale(acc_o, scores_scale)
-        T.mbarrier_wait_parity(v_full[prev], ((k - 1) // num_stages) & 1)
+        T.mbarrier_wait_parity(v_full[prev], ((g - 1) // num_stages) & 1)
         T.wgmma_gemm(acc_s_cast, V_shared[prev, :, :], acc_o, policy=policy)
         if pingpong:
             T.named_barrier_arrive(next_barrier, 256)
@@ -377,10 +429,13 @@ def gqa_prefill_ws(
         Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
         LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
     ):
-        with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
+        with T.Kernel(grid, threads=threads) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            # Persistent: the output gets its own buffer, so the next item's Q can load while
+            # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
+            O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
             acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
@@ -394,143 +449,155 @@ def gqa_prefill_ws(
             # full: the producer warp's 32 threads arrive, TMA's bytes complete the phase;
             # empty: every consumer thread arrives once it is done with the slot.
             q_full = T.alloc_barrier(32)
+            q_empty = T.alloc_barrier(consumer_threads)
             k_full = T.alloc_barrier([32] * num_stages)
             v_full = T.alloc_barrier([32] * num_stages)
             k_empty = T.alloc_barrier([consumer_threads] * num_stages)
             v_empty = T.alloc_barrier([consumer_threads] * num_stages)
+            seq = T.alloc_local([1], T.int32)
+            tile = T.alloc_local([6], T.int32)  # Locate's result for the current item
+            # Items with a query row done by this block so far, and KV tiles through the ring:
+            # the phases of Q's barriers and the ring's position carry over between items.
+            items_done = T.alloc_local([1], T.int32)
+            ring = T.alloc_local([1], T.int32)
+            items_done[0] = 0
+            ring[0] = 0
             tx = T.get_thread_binding()
-
-            head = block % NUM_HEADS
-            slot = num_slots - 1 - block // NUM_HEADS
-            seq = T.alloc_var(T.int32, init=0)
-            for bit in T.unroll(MAX_BATCH_BITS):
-                probe = seq + (1 << (MAX_BATCH_BITS - 1 - bit))
-                if probe < batch:
-                    if probe + qo_indptr[probe] // block_M <= slot:
-                        seq = probe
-
-            q_start = qo_indptr[seq]
-            seq_q = qo_indptr[seq + 1] - q_start
-            kv_start = kv_indptr[seq]
-            seq_kv = kv_indptr[seq + 1] - kv_start
-            q_tile = (slot - seq - q_start // block_M) * block_M
-            kv_head = head // GROUP_SIZE
             scale_log2 = sm_scale * LOG2_E
-            q_pos0 = q_tile + seq_kv - seq_q
-            if causal:
-                kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
-                full_end = T.min(seq_kv, q_pos0 + 1)
+            my_items = T.ceildiv(num_items - block, grid)
+
+            if tx >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                if tx < consumer_threads + 32:
+                    for it in T.serial(my_items):
+                        Locate(block + it * grid, qo_indptr, kv_indptr, seq, tile)
+                        q_start, seq_q, kv_start, q_tile, head = (
+                            tile[0], tile[1], tile[2], tile[4], tile[5]
+                        )  # fmt: skip
+                        kv_head = head // GROUP_SIZE
+                        _, _, loop_range = bounds(tile)
+                        if q_tile < seq_q:  # a spare slot has no row: nothing to do
+                            T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
+                            T.tma_copy(
+                                Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                                Q_shared,
+                                barrier=q_full[0],
+                            )
+                            T.mbarrier_arrive(q_full[0])
+                            for k in T.serial(loop_range):
+                                g = ring[0] + k
+                                stage = g % num_stages
+                                phase = (g // num_stages) & 1
+                                kv_row = kv_start + k * block_N
+                                T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                                T.tma_copy(
+                                    K[kv_row : kv_row + block_N, kv_head, :],
+                                    K_shared[stage, :, :],
+                                    barrier=k_full[stage],
+                                )
+                                T.mbarrier_arrive(k_full[stage])
+                                T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                                T.tma_copy(
+                                    V[kv_row : kv_row + block_N, kv_head, :],
+                                    V_shared[stage, :, :],
+                                    barrier=v_full[stage],
+                                )
+                                T.mbarrier_arrive(v_full[stage])
+                            items_done[0] = items_done[0] + 1
+                            ring[0] = ring[0] + loop_range
             else:
-                kv_stop = seq_kv
-                full_end = seq_kv
-            # At least one tile, even for a tile that sees no key (its mask hides every key).
-            loop_range = T.max(T.ceildiv(kv_stop, block_N), 1)
+                T.set_max_nreg(consumer_regs, 1)
+                warpgroup = tx // 128
+                my_barrier = PINGPONG_BARRIER + warpgroup
+                next_barrier = PINGPONG_BARRIER + (warpgroup + 1) % num_consumers
+                if pingpong:
+                    if warpgroup == num_consumers - 1:
+                        T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
+                for it in T.serial(my_items):
+                    Locate(block + it * grid, qo_indptr, kv_indptr, seq, tile)
+                    q_start, seq_q, seq_kv, q_tile = tile[0], tile[1], tile[3], tile[4]
+                    head = tile[5]
+                    q_pos0, full_end, loop_range = bounds(tile)
+                    if q_tile < seq_q:
+                        r = ring[0]
+                        T.fill(acc_o, 0)
+                        T.fill(logsum, 0)
+                        T.fill(scores_max, neg_inf)
+                        T.fill(max_scaled, 0)
+                        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
 
-            if q_tile < seq_q:  # uniform over the block: a spare slot does nothing
-                if tx >= consumer_threads:
-                    T.set_max_nreg(producer_regs, 0)
-                    if tx < consumer_threads + 32:
-                        T.tma_copy(
-                            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-                            Q_shared,
-                            barrier=q_full[0],
+                        # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
+                        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
+                        if pingpong:
+                            T.sync_threads(my_barrier, 256)
+                        T.wgmma_gemm(
+                            Q_shared, K_shared[r % num_stages, :, :], acc_s, transpose_B=True,
+                            clear_accum=True, policy=policy,
+                        )  # fmt: skip
+                        if pingpong:
+                            T.named_barrier_arrive(next_barrier, 256)
+                        T.wait_wgmma(0)
+                        T.mbarrier_arrive(k_empty[r % num_stages])
+                        Mask(acc_s, 0, seq_kv, full_end, q_pos0)
+                        Softmax(
+                            acc_s,
+                            scores_max,
+                            scores_max_prev,
+                            max_scaled,
+                            scores_scale,
+                            scores_sum,
+                            logsum,
+                            scale_log2,
                         )
-                        T.mbarrier_arrive(q_full[0])
-                        for k in T.serial(loop_range):
-                            stage = k % num_stages
-                            phase = (k // num_stages) & 1
-                            kv_row = kv_start + k * block_N
-                            T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-                            T.tma_copy(
-                                K[kv_row : kv_row + block_N, kv_head, :],
-                                K_shared[stage, :, :],
-                                barrier=k_full[stage],
+
+                        # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
+                        mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
+                        stats = (
+                            scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum,
+                            logsum,
+                        )  # fmt: skip
+                        bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
+                        bufs = (
+                            Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
+                        )  # fmt: skip
+                        for k in T.serial(1, mask_from):
+                            Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+                        for k in T.serial(mask_from, loop_range):
+                            Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+                        if persistent:
+                            T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
+
+                        g_last = r + loop_range - 1
+                        last = g_last % num_stages
+                        T.wait_wgmma(0)
+                        if loop_range >= 2:
+                            T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
+                        T.copy(acc_s, acc_s_cast)
+                        Rescale(acc_o, scores_scale)
+                        T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
+                        T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
+                        T.wait_wgmma(0)
+                        T.mbarrier_arrive(v_empty[last])
+
+                        # A row that saw no key has logsum 0: output 0 and lse -inf.
+                        for i in T.Parallel(block_M):
+                            lse[i] = T.if_then_else(
+                                logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf
                             )
-                            T.mbarrier_arrive(k_full[stage])
-                            T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                            T.tma_copy(
-                                V[kv_row : kv_row + block_N, kv_head, :],
-                                V_shared[stage, :, :],
-                                barrier=v_full[stage],
-                            )
-                            T.mbarrier_arrive(v_full[stage])
-                else:
-                    T.set_max_nreg(consumer_regs, 1)
-                    warpgroup = tx // 128
-                    my_barrier = PINGPONG_BARRIER + warpgroup
-                    next_barrier = PINGPONG_BARRIER + (warpgroup + 1) % num_consumers
-                    T.fill(acc_o, 0)
-                    T.fill(logsum, 0)
-                    T.fill(scores_max, neg_inf)
-                    T.fill(max_scaled, 0)
-                    if pingpong:
-                        if warpgroup == num_consumers - 1:
-                            T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
-                    T.mbarrier_wait_parity(q_full[0], 0)
-
-                    # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
-                    T.mbarrier_wait_parity(k_full[0], 0)
-                    if pingpong:
-                        T.sync_threads(my_barrier, 256)
-                    T.wgmma_gemm(
-                        Q_shared, K_shared[0, :, :], acc_s, transpose_B=True, clear_accum=True,
-                        policy=policy,
-                    )  # fmt: skip
-                    if pingpong:
-                        T.named_barrier_arrive(next_barrier, 256)
-                    T.wait_wgmma(0)
-                    T.mbarrier_arrive(k_empty[0])
-                    Mask(acc_s, 0, seq_kv, full_end, q_pos0)
-                    Softmax(
-                        acc_s,
-                        scores_max,
-                        scores_max_prev,
-                        max_scaled,
-                        scores_scale,
-                        scores_sum,
-                        logsum,
-                        scale_log2,
-                    )
-
-                    # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
-                    mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
-                    stats = (
-                        scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum
-                    )  # fmt: skip
-                    bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
-                    bufs = (Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars)
-                    for k in T.serial(1, mask_from):
-                        Step(k, False, *bufs, seq_kv, q_pos0, scale_log2)
-                    for k in T.serial(mask_from, loop_range):
-                        Step(k, True, *bufs, seq_kv, q_pos0, scale_log2)
-
-                    last = (loop_range - 1) % num_stages
-                    T.wait_wgmma(0)
-                    if loop_range >= 2:
-                        T.mbarrier_arrive(v_empty[(loop_range - 2) % num_stages])
-                    T.copy(acc_s, acc_s_cast)
-                    Rescale(acc_o, scores_scale)
-                    T.mbarrier_wait_parity(v_full[last], ((loop_range - 1) // num_stages) & 1)
-                    T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
-                    T.wait_wgmma(0)
-                    T.mbarrier_arrive(v_empty[last])
-
-                    # A row that saw no key has logsum 0: output 0 and lse -inf.
-                    for i in T.Parallel(block_M):
-                        lse[i] = T.if_then_else(
-                            logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf
-                        )
-                        scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
-                    Rescale(acc_o, scores_scale)
-                    # The output goes through Q's shared memory (FA3 reuses it too): both
-                    # warpgroups are past their last Q K^T at the barrier TileLang puts before it.
-                    T.copy(acc_o, Q_shared)
-                    for i, j in T.Parallel(block_M, HEAD_DIM):
-                        if q_tile + i < seq_q:
-                            Output[q_start + q_tile + i, head, j] = Q_shared[i, j]
-                    for i in T.Parallel(block_M):
-                        if q_tile + i < seq_q:
-                            LSE[q_start + q_tile + i, head] = lse[i]
+                            scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
+                        Rescale(acc_o, scores_scale)
+                        # TileLang puts a consumer barrier before this copy: every consumer is
+                        # past its last Q K^T (one item per block: Q's buffer is free) and past
+                        # the stores of the previous item (persistent: O's buffer is free).
+                        T.copy(acc_o, O_shared)
+                        for i, j in T.Parallel(block_M, HEAD_DIM):
+                            if q_tile + i < seq_q:
+                                Output[q_start + q_tile + i, head, j] = O_shared[i, j]
+                        for i in T.Parallel(block_M):
+                            if q_tile + i < seq_q:
+                                LSE[q_start + q_tile + i, head] = lse[i]
+                        items_done[0] = items_done[0] + 1
+                        ring[0] = ring[0] + loop_range
 
     return main
 

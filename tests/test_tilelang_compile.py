@@ -23,6 +23,8 @@ import torch
 from prefill_bundle.testing import (
     CPU_PADDED_CASES,
     CPU_RAGGED_CASES,
+    PaddedCase,
+    RaggedCase,
     build_solution,
     check_outputs,
     make_inputs,
@@ -133,11 +135,13 @@ def cpu_kernels(tmp_path_factory):
 def _launcher(kernel):
     """A stand-in for the compiled CUDA kernel with the same arguments; bfloat16 via float16."""
 
-    def launch(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+    def launch(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, scheduler):
         if q.dtype == F16:
-            return kernel(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+            return kernel(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, scheduler)
         output16 = torch.empty_like(output, dtype=F16)
-        kernel(q.half(), k.half(), v.half(), qo_indptr, kv_indptr, sm_scale, output16, lse)
+        kernel(
+            q.half(), k.half(), v.half(), qo_indptr, kv_indptr, sm_scale, output16, lse, scheduler
+        )
         output.copy_(output16)
 
     return launch
@@ -183,10 +187,42 @@ def test_program_on_cpu_matches_reference(solution, case, config, cpu_kernels, m
     monkeypatch.setattr(entry, "_kernel", kernel)
     monkeypatch.setattr(entry, "_check_devices", lambda names, tensors: None)
     monkeypatch.setattr(entry, "_padded_plans", {})
+    monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))
     inputs = make_inputs(case, "cpu")
     check_outputs(
         run_solution(solution, case, make_inputs(case, "cpu")), reference_outputs(case, inputs)
     )
+
+
+# 2b. On a GPU: the persistent kernel's work counters --------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_persistent_scheduler_is_reset_by_every_launch():
+    """The causal kernel hands out work items through counters that its last block zeroes again.
+    If it did not, the next launch would skip items and leave rows unwritten (poisoned outputs
+    catch that). Launches of different shapes back to back, then on a second stream."""
+    cases = [
+        RaggedCase((300, 1, 0, 129), (300, 40, 7, 129)),
+        PaddedCase(2, 1000, 1200, True),
+        RaggedCase((4096,), (4096,)),
+        PaddedCase(1, 77, 77, True),
+    ]
+    solutions = {RaggedCase: "tilelang_ragged", PaddedCase: "tilelang_mini"}
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            for seed, case in enumerate(cases):
+                inputs = make_inputs(case, "cuda", seed)
+                actual = run_solution(solutions[type(case)], case, make_inputs(case, "cuda", seed))
+                check_outputs(actual, reference_outputs(case, inputs))
+    torch.cuda.synchronize()
+    for name in solutions.values():
+        counters = entry_module(name)._schedulers
+        assert len(counters) >= 2  # one per stream
+        for value in counters.values():
+            assert value.tolist() == [0, 0]
 
 
 # 3. Argument checks --------------------------------------------------------------------------

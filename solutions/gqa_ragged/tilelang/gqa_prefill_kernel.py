@@ -187,6 +187,7 @@ def gqa_prefill(
         sm_scale: T.float32,
         Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
         LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+        Scheduler: T.Tensor([2], T.int32),
     ):
         # One flat grid axis (no 65535 limit), heads fastest: the 32 heads of a query tile run
         # side by side, 4 of them on each KV tile they load (L2).
@@ -428,6 +429,7 @@ def gqa_prefill_ws(
         sm_scale: T.float32,
         Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
         LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+        Scheduler: T.Tensor([2], T.int32),
     ):
         with T.Kernel(grid, threads=threads) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
@@ -455,56 +457,98 @@ def gqa_prefill_ws(
             k_empty = T.alloc_barrier([consumer_threads] * num_stages)
             v_empty = T.alloc_barrier([consumer_threads] * num_stages)
             seq = T.alloc_local([1], T.int32)
-            tile = T.alloc_local([6], T.int32)  # Locate's result for the current item
-            # Items with a query row done by this block so far, and KV tiles through the ring:
-            # the phases of Q's barriers and the ring's position carry over between items.
+            tile = T.alloc_local([7], T.int32)  # the current item: Locate's result, then valid
+            fetch = T.alloc_local([1], T.int32)
+            # The producer warp hands each item to the consumers through a 2-slot buffer.
+            item_tile = T.alloc_shared([2, 8], T.int32)
+            item_full = T.alloc_barrier([32, 32])
+            item_empty = T.alloc_barrier([consumer_threads, consumer_threads])
+            # Items fetched by this block so far (the terminating one included), items with a
+            # query row, and KV tiles through the ring: the phases of the barriers and the
+            # ring's position carry over between items.
+            fetched = T.alloc_local([1], T.int32)
             items_done = T.alloc_local([1], T.int32)
             ring = T.alloc_local([1], T.int32)
+            fetched[0] = 0
             items_done[0] = 0
             ring[0] = 0
             tx = T.get_thread_binding()
             scale_log2 = sm_scale * LOG2_E
-            my_items = T.ceildiv(num_items - block, grid)
 
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 if tx < consumer_threads + 32:
-                    for it in T.serial(my_items):
-                        Locate(block + it * grid, qo_indptr, kv_indptr, seq, tile)
-                        q_start, seq_q, kv_start, q_tile, head = (
-                            tile[0], tile[1], tile[2], tile[4], tile[5]
-                        )  # fmt: skip
-                        kv_head = head // GROUP_SIZE
-                        _, _, loop_range = bounds(tile)
-                        if q_tile < seq_q:  # a spare slot has no row: nothing to do
-                            T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
-                            T.tma_copy(
-                                Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-                                Q_shared,
-                                barrier=q_full[0],
-                            )
-                            T.mbarrier_arrive(q_full[0])
-                            for k in T.serial(loop_range):
-                                g = ring[0] + k
-                                stage = g % num_stages
-                                phase = (g // num_stages) & 1
-                                kv_row = kv_start + k * block_N
-                                T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                    while fetched[0] >= 0:
+                        slot = fetched[0] % 2
+                        T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
+                        if persistent:
+                            # Dynamic schedule: the next item goes to the first block that
+                            # asks (heaviest first), which balances unequal items. One lane
+                            # asks, a shuffle tells the warp.
+                            fetch[0] = 0
+                            if tx == consumer_threads:
+                                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
+                            item = T.shfl_sync(fetch[0], 0)
+                        else:
+                            item = T.if_then_else(fetched[0] == 0, block, num_items)
+                        tile[6] = T.if_then_else(item < num_items, 1, 0)
+                        if item < num_items:
+                            Locate(item, qo_indptr, kv_indptr, seq, tile)
+                        if tx == consumer_threads:  # one writer: no barrier within the warp
+                            for i in T.serial(7):
+                                item_tile[slot, i] = tile[i]
+                        T.mbarrier_arrive(item_full[slot])
+                        if item < num_items:
+                            q_start, seq_q, kv_start, q_tile, head = (
+                                tile[0], tile[1], tile[2], tile[4], tile[5]
+                            )  # fmt: skip
+                            kv_head = head // GROUP_SIZE
+                            _, _, loop_range = bounds(tile)
+                            if q_tile < seq_q:  # a spare slot has no row: nothing to load
+                                T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
                                 T.tma_copy(
-                                    K[kv_row : kv_row + block_N, kv_head, :],
-                                    K_shared[stage, :, :],
-                                    barrier=k_full[stage],
+                                    Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                                    Q_shared,
+                                    barrier=q_full[0],
                                 )
-                                T.mbarrier_arrive(k_full[stage])
-                                T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                                T.tma_copy(
-                                    V[kv_row : kv_row + block_N, kv_head, :],
-                                    V_shared[stage, :, :],
-                                    barrier=v_full[stage],
-                                )
-                                T.mbarrier_arrive(v_full[stage])
-                            items_done[0] = items_done[0] + 1
-                            ring[0] = ring[0] + loop_range
+                                T.mbarrier_arrive(q_full[0])
+                                for k in T.serial(loop_range):
+                                    g = ring[0] + k
+                                    stage = g % num_stages
+                                    phase = (g // num_stages) & 1
+                                    kv_row = kv_start + k * block_N
+                                    T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                                    T.tma_copy(
+                                        K[kv_row : kv_row + block_N, kv_head, :],
+                                        K_shared[stage, :, :],
+                                        barrier=k_full[stage],
+                                    )
+                                    T.mbarrier_arrive(k_full[stage])
+                                    T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                                    T.tma_copy(
+                                        V[kv_row : kv_row + block_N, kv_head, :],
+                                        V_shared[stage, :, :],
+                                        barrier=v_full[stage],
+                                    )
+                                    T.mbarrier_arrive(v_full[stage])
+                                items_done[0] = items_done[0] + 1
+                                ring[0] = ring[0] + loop_range
+                            fetched[0] = fetched[0] + 1
+                        else:
+                            fetched[0] = -1  # done
+                            if persistent:
+                                # The last block to finish fetching resets the scheduler for the
+                                # next launch on this stream (no other block touches it now).
+                                if tx == consumer_threads:
+                                    if (
+                                        T.atomic_add(
+                                            Scheduler[1], 1, memory_order="acq_rel",
+                                            return_prev=True,
+                                        )
+                                        == grid - 1
+                                    ):  # fmt: skip
+                                        Scheduler[0] = 0
+                                        Scheduler[1] = 0
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 warpgroup = tx // 128
@@ -513,12 +557,17 @@ def gqa_prefill_ws(
                 if pingpong:
                     if warpgroup == num_consumers - 1:
                         T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
-                for it in T.serial(my_items):
-                    Locate(block + it * grid, qo_indptr, kv_indptr, seq, tile)
+                while fetched[0] >= 0:
+                    slot = fetched[0] % 2
+                    T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
+                    for i in T.serial(7):
+                        tile[i] = item_tile[slot, i]
+                    T.mbarrier_arrive(item_empty[slot])
+                    fetched[0] = T.if_then_else(tile[6] == 1, fetched[0] + 1, -1)
                     q_start, seq_q, seq_kv, q_tile = tile[0], tile[1], tile[3], tile[4]
                     head = tile[5]
                     q_pos0, full_end, loop_range = bounds(tile)
-                    if q_tile < seq_q:
+                    if tile[6] == 1 and q_tile < seq_q:
                         r = ring[0]
                         T.fill(acc_o, 0)
                         T.fill(logsum, 0)
@@ -564,8 +613,7 @@ def gqa_prefill_ws(
                             Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
                         for k in T.serial(mask_from, loop_range):
                             Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
-                        if persistent:
-                            T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
+                        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
 
                         g_last = r + loop_range - 1
                         last = g_last % num_stages

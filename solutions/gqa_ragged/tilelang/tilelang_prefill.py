@@ -21,6 +21,19 @@ from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, compile_varia
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _kernels = {}  # (dtype, causal) -> compiled kernel
 _padded_plans = {}  # (batch, seq_q, seq_kv, device index) -> (qo_indptr, kv_indptr, scratch lse)
+_schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
+
+
+def _scheduler(device: int):
+    """The work counters of the stream the kernel launches on: zero before a launch, and the
+    kernel's last block zeroes them again, so they are set once. Launches on one stream run one
+    after another; two streams get two counters, so concurrent launches never share one."""
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    counters = _schedulers.get((device, stream))
+    if counters is None:
+        counters = torch.zeros(2, dtype=torch.int32, device=f"cuda:{device}")
+        _schedulers[(device, stream)] = counters
+    return counters
 
 
 def _kernel(dtype: torch.dtype, causal: bool, device: torch.device):
@@ -120,6 +133,7 @@ def run_padded(q, k, v, causal, out):
         HEAD_DIM**-0.5,
         out.view(batch * seq_q, NUM_HEADS, HEAD_DIM),
         lse,
+        _scheduler(device),
     )
 
 
@@ -158,4 +172,6 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
         output.zero_()
         lse.fill_(-math.inf)
         return
-    _kernel(q.dtype, True, q.device)(q, k, v, qo_indptr, kv_indptr, float(sm_scale), output, lse)
+    _kernel(q.dtype, True, q.device)(
+        q, k, v, qo_indptr, kv_indptr, float(sm_scale), output, lse, _scheduler(q.get_device())
+    )

@@ -173,11 +173,31 @@ def gqa_prefill(
         T.copy(V[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
         T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
+    @T.macro
+    def Epilogue(
+        acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start, q_tile,
+        seq_q, head,
+    ):  # fmt: skip
+        """acc_o / logsum to Output through O_shared, and the base-2 LSE, for the tile's rows.
+        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0)."""
+        for i in T.Parallel(block_M):
+            lse[i] = T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf)
+            scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
+        Rescale(acc_o, scores_scale)
+        T.copy(acc_o, O_shared)
+        # Rows past the sequence's end belong to the next sequence (or to no one): skip.
+        for i, j in T.Parallel(block_M, HEAD_DIM):
+            if q_tile + i < seq_q:
+                Output[q_start + q_tile + i, head, j] = O_shared[i, j]
+        for i in T.Parallel(block_M):
+            if q_tile + i < seq_q:
+                LSE[q_start + q_tile + i, head] = lse[i]
+
     if ws:
         assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
         return gqa_prefill_ws(
             dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile,
-            Softmax, Rescale,
+            Softmax, Rescale, Epilogue,
         )  # fmt: skip
 
     @T.prim_func
@@ -279,19 +299,10 @@ def gqa_prefill(
                     Rescale(acc_o, scores_scale)
                     MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head)
 
-            # A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0).
-            for i in T.Parallel(block_M):
-                lse[i] = T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf)
-                scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
-            Rescale(acc_o, scores_scale)
-            T.copy(acc_o, O_shared)
-            # Rows past the sequence's end belong to the next sequence (or to no one): skip.
-            for i, j in T.Parallel(block_M, HEAD_DIM):
-                if q_tile + i < seq_q:
-                    Output[q_start + q_tile + i, head, j] = O_shared[i, j]
-            for i in T.Parallel(block_M):
-                if q_tile + i < seq_q:
-                    LSE[q_start + q_tile + i, head] = lse[i]
+            Epilogue(
+                acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start,
+                q_tile, seq_q, head,
+            )  # fmt: skip
 
     return main
 
@@ -302,7 +313,7 @@ PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count
 
 def gqa_prefill_ws(
     dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile, Softmax,
-    Rescale,
+    Rescale, Epilogue,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
 
@@ -636,23 +647,14 @@ def gqa_prefill_ws(
                         T.wait_wgmma(0)
                         T.mbarrier_arrive(v_empty[last])
 
-                        # A row that saw no key has logsum 0: output 0 and lse -inf.
-                        for i in T.Parallel(block_M):
-                            lse[i] = T.if_then_else(
-                                logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf
-                            )
-                            scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
-                        Rescale(acc_o, scores_scale)
-                        # TileLang puts a consumer barrier before this copy: every consumer is
-                        # past its last Q K^T (one item per block: Q's buffer is free) and past
-                        # the stores of the previous item (persistent: O's buffer is free).
-                        T.copy(acc_o, O_shared)
-                        for i, j in T.Parallel(block_M, HEAD_DIM):
-                            if q_tile + i < seq_q:
-                                Output[q_start + q_tile + i, head, j] = O_shared[i, j]
-                        for i in T.Parallel(block_M):
-                            if q_tile + i < seq_q:
-                                LSE[q_start + q_tile + i, head] = lse[i]
+                        # TileLang puts a consumer barrier before the copy into O_shared:
+                        # every consumer is past its last Q K^T (one item per block: Q's buffer
+                        # is free) and past the stores of the previous item (persistent: O's
+                        # buffer is free).
+                        Epilogue(
+                            acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
+                            q_start, q_tile, seq_q, head,
+                        )  # fmt: skip
                         items_done[0] = items_done[0] + 1
                         ring[0] = ring[0] + loop_range
 

@@ -99,6 +99,39 @@ def gqa_prefill(
     neg_inf = -T.infinity(accum_dtype)
 
     @T.macro
+    def Locate(item, qo_indptr, kv_indptr, seq, tile):
+        """tile = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`: the last
+        slots (under causal the heaviest tiles) first, the 32 heads of a tile side by side (4 of
+        them on each KV tile they load: L2). seq: scratch for the binary search over indptr."""
+        slot = num_slots - 1 - item // NUM_HEADS
+        seq[0] = 0
+        for bit in T.unroll(MAX_BATCH_BITS):
+            probe = seq[0] + (1 << (MAX_BATCH_BITS - 1 - bit))
+            if probe < batch:
+                if probe + qo_indptr[probe] // block_M <= slot:
+                    seq[0] = probe
+        tile[0] = qo_indptr[seq[0]]
+        tile[1] = qo_indptr[seq[0] + 1] - tile[0]
+        tile[2] = kv_indptr[seq[0]]
+        tile[3] = kv_indptr[seq[0] + 1] - tile[2]
+        tile[4] = (slot - seq[0] - tile[0] // block_M) * block_M  # first query row of the tile
+        tile[5] = item % NUM_HEADS
+
+    def bounds(tile):
+        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
+        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
+        visited, at least one even when no row sees a key (its mask then hides every key)."""
+        seq_kv = tile[3]
+        q_pos0 = tile[4] + seq_kv - tile[1]
+        if causal:
+            kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
+            full_end = T.min(seq_kv, q_pos0 + 1)
+        else:
+            kv_stop = seq_kv
+            full_end = seq_kv
+        return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
+
+    @T.macro
     def MaskTile(acc_s, k, seq_kv, q_pos0):
         """The keys a row of KV tile k may not see set to -inf."""
         # Masking after the GEMM, not by pre-filling the accumulator, overwrites whatever the
@@ -196,8 +229,9 @@ def gqa_prefill(
     if ws:
         assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
         return gqa_prefill_ws(
-            dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile,
-            Softmax, Rescale, Epilogue,
+            dtype, causal, block_M, block_N, num_stages, pingpong, persistent,
+            (total_q, total_kv, len_indptr), Locate, bounds, Mask, MaskTile, Softmax, Rescale,
+            Epilogue,
         )  # fmt: skip
 
     @T.prim_func
@@ -229,39 +263,19 @@ def gqa_prefill(
             scores_sum = T.alloc_fragment([block_M], accum_dtype)
             logsum = T.alloc_fragment([block_M], accum_dtype)
             lse = T.alloc_fragment([block_M], accum_dtype)
+            stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
 
-            # Last slots first: under causal the last tiles of a sequence see the most keys, and
-            # starting the heaviest blocks first shortens the tail of the launch.
-            head = block % NUM_HEADS
-            slot = num_slots - 1 - block // NUM_HEADS
-            seq = T.alloc_var(T.int32, init=0)
-            for bit in T.unroll(MAX_BATCH_BITS):
-                probe = seq + (1 << (MAX_BATCH_BITS - 1 - bit))
-                if probe < batch:
-                    if probe + qo_indptr[probe] // block_M <= slot:
-                        seq = probe
-
-            q_start = qo_indptr[seq]
-            seq_q = qo_indptr[seq + 1] - q_start
-            kv_start = kv_indptr[seq]
-            seq_kv = kv_indptr[seq + 1] - kv_start
-            q_tile = (slot - seq - q_start // block_M) * block_M  # first query row of the tile
+            seq = T.alloc_local([1], T.int32)
+            tile = T.alloc_local([6], T.int32)
+            Locate(block, qo_indptr, kv_indptr, seq, tile)
+            q_start, seq_q, kv_start, seq_kv, q_tile, head = (
+                tile[0], tile[1], tile[2], tile[3], tile[4], tile[5]
+            )  # fmt: skip
             kv_head = head // GROUP_SIZE
             scale_log2 = sm_scale * LOG2_E
-
-            # Row i of the tile sees keys j < seq_kv and, if causal, j <= q_pos0 + i.
-            q_pos0 = q_tile + seq_kv - seq_q
-            if causal:
-                # Keys past the last row's limit are never seen: skip those tiles.
-                kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
-                full_end = T.min(seq_kv, q_pos0 + 1)  # tiles below this are fully visible
-            else:
-                kv_stop = seq_kv
-                full_end = seq_kv
-            # At least one iteration, even for a tile that sees no key (its mask then hides every
-            # key): the pipeline waits for the Q load only inside the loop, and a block must not
-            # exit while a TMA load into its shared memory is in flight.
-            loop_range = T.max(T.ceildiv(kv_stop, block_N), 1)
+            # The pipeline waits for the Q load only inside the loop, and a block must not exit
+            # while a TMA load into its shared memory is in flight: at least one iteration.
+            q_pos0, full_end, loop_range = bounds(tile)
 
             T.fill(acc_o, 0)
             T.fill(logsum, 0)
@@ -285,16 +299,7 @@ def gqa_prefill(
                     MMA0(
                         K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0
                     )
-                    Softmax(
-                        acc_s,
-                        scores_max,
-                        scores_max_prev,
-                        max_scaled,
-                        scores_scale,
-                        scores_sum,
-                        logsum,
-                        scale_log2,
-                    )
+                    Softmax(acc_s, *stats, scale_log2)
                     T.copy(acc_s, acc_s_cast)
                     Rescale(acc_o, scores_scale)
                     MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head)
@@ -312,8 +317,8 @@ PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count
 
 
 def gqa_prefill_ws(
-    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, Mask, MaskTile, Softmax,
-    Rescale, Epilogue,
+    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, dims, Locate, bounds, Mask,
+    MaskTile, Softmax, Rescale, Epilogue,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
 
@@ -344,9 +349,7 @@ def gqa_prefill_ws(
     threads = consumer_threads + 128
     # FA3's register split: the producer warpgroup keeps 24 (32 beside three consumers).
     producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
-    total_q = T.dynamic("total_q")
-    total_kv = T.dynamic("total_kv")
-    len_indptr = T.dynamic("len_indptr")
+    total_q, total_kv, len_indptr = dims  # gqa_prefill's symbolic lengths, which Locate uses
     batch = len_indptr - 1
     num_slots = batch + total_q // block_M
     num_items = NUM_HEADS * num_slots
@@ -354,39 +357,6 @@ def gqa_prefill_ws(
     accum_dtype = T.float32
     neg_inf = -T.infinity(accum_dtype)
     policy = T.GemmWarpPolicy.FullRow
-
-    @T.macro
-    def Locate(item, qo_indptr, kv_indptr, seq, tile):
-        """tile = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`: the last
-        slots (under causal the heaviest tiles) first, the 32 heads of a tile side by side (4 of
-        them on each KV tile they load: L2). seq: scratch for the binary search over indptr."""
-        slot = num_slots - 1 - item // NUM_HEADS
-        seq[0] = 0
-        for bit in T.unroll(MAX_BATCH_BITS):
-            probe = seq[0] + (1 << (MAX_BATCH_BITS - 1 - bit))
-            if probe < batch:
-                if probe + qo_indptr[probe] // block_M <= slot:
-                    seq[0] = probe
-        tile[0] = qo_indptr[seq[0]]
-        tile[1] = qo_indptr[seq[0] + 1] - tile[0]
-        tile[2] = kv_indptr[seq[0]]
-        tile[3] = kv_indptr[seq[0] + 1] - tile[2]
-        tile[4] = (slot - seq[0] - tile[0] // block_M) * block_M  # first query row of the tile
-        tile[5] = item % NUM_HEADS
-
-    def bounds(tile):
-        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
-        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
-        visited, at least one even when no row sees a key (its mask then hides every key)."""
-        seq_kv = tile[3]
-        q_pos0 = tile[4] + seq_kv - tile[1]
-        if causal:
-            kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
-            full_end = T.min(seq_kv, q_pos0 + 1)
-        else:
-            kv_stop = seq_kv
-            full_end = seq_kv
-        return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
 
     @T.macro
     def Step(
@@ -428,16 +398,7 @@ def gqa_prefill_ws(
         T.mbarrier_arrive(k_empty[stage])
         if masked:
             MaskTile(acc_s, k, seq_kv, q_pos0)
-        Softmax(
-            acc_s,
-            scores_max,
-            scores_max_prev,
-            max_scaled,
-            scores_scale,
-            scores_sum,
-            logsum,
-            scale_log2,
-        )
+        Softmax(acc_s, *stats, scale_log2)
 
     @T.prim_func
     def main(
@@ -468,6 +429,7 @@ def gqa_prefill_ws(
             scores_sum = T.alloc_fragment([block_M], accum_dtype)
             logsum = T.alloc_fragment([block_M], accum_dtype)
             lse = T.alloc_fragment([block_M], accum_dtype)
+            stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
             # full: the producer warp's 32 threads arrive, TMA's bytes complete the phase;
             # empty: every consumer thread arrives once it is done with the slot.
             q_full = T.alloc_barrier(32)
@@ -608,23 +570,10 @@ def gqa_prefill_ws(
                         T.wait_wgmma(0)
                         T.mbarrier_arrive(k_empty[r % num_stages])
                         Mask(acc_s, 0, seq_kv, full_end, q_pos0)
-                        Softmax(
-                            acc_s,
-                            scores_max,
-                            scores_max_prev,
-                            max_scaled,
-                            scores_scale,
-                            scores_sum,
-                            logsum,
-                            scale_log2,
-                        )
+                        Softmax(acc_s, *stats, scale_log2)
 
                         # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
                         mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
-                        stats = (
-                            scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum,
-                            logsum,
-                        )  # fmt: skip
                         bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
                         bufs = (
                             Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars

@@ -43,12 +43,14 @@ class RaggedCase:
     q_lens: tuple
     kv_lens: tuple
     dtype: torch.dtype = torch.bfloat16
+    sm_scale: float = 1.0 / math.sqrt(HEAD_DIM)
     definition = RAGGED
 
     @property
     def id(self) -> str:
         pairs = "_".join(f"{q}x{kv}" for q, kv in zip(self.q_lens, self.kv_lens))
-        return f"ragged_{pairs[:60]}_{len(self.q_lens)}seq_{str(self.dtype)[6:]}"
+        scale = "" if self.sm_scale == 1.0 / math.sqrt(HEAD_DIM) else f"_scale{self.sm_scale:g}"
+        return f"ragged_{pairs[:60]}_{len(self.q_lens)}seq_{str(self.dtype)[6:]}{scale}"
 
 
 # Small shapes for the interpreter: lengths off the tile grid, length 1, seq_q != seq_kv both
@@ -68,6 +70,8 @@ CPU_RAGGED_CASES = [
     RaggedCase((0, 0), (3, 0)),  # no query at all
     RaggedCase((45, 20), (12, 70)),  # seq_q > seq_kv, then seq_q < seq_kv
     RaggedCase((65, 1, 17), (65, 1, 17), torch.float16),
+    RaggedCase((9, 20), (9, 33), torch.float16, sm_scale=-0.3),
+    RaggedCase((9, 20), (9, 33), sm_scale=0.0),
 ]
 
 # Every workload's shape plus the edges, at sizes that matter on the GPU.
@@ -83,6 +87,9 @@ GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
     RaggedCase((129, 3, 511), (257, 0, 2049)),
     RaggedCase((32768,), (32768,)),
     RaggedCase((100, 200), (500, 400), torch.float16),
+    # sm_scale is the caller's: zero (uniform weights) and negative are valid floats too.
+    RaggedCase((100, 37), (100, 300), sm_scale=0.0),
+    RaggedCase((100, 37), (100, 300), torch.float16, sm_scale=-0.3),
 ]
 
 
@@ -105,7 +112,7 @@ def make_inputs(case, device, seed: int = 0) -> list:
         randn(total_kv, NUM_KV_HEADS, HEAD_DIM),
         lengths_to_indptr(case.q_lens).to(device),
         lengths_to_indptr(case.kv_lens).to(device),
-        1.0 / math.sqrt(HEAD_DIM),
+        case.sm_scale,
     ]
 
 
@@ -180,6 +187,13 @@ def check_outputs(actual: list, expected: list, names=("out", "lse")) -> None:
         if want.numel():
             error = (got - want).norm() / want.norm().clamp_min(1e-30)
             assert error <= max_error, f"{name}: normwise error {error:.2e} > {max_error:.0e}"
+
+
+def baselines_apply(case) -> bool:
+    """Whether the baselines (FlashInfer, SDPA) are expected to be right: every query row sees a
+    key (else they return non-zero rows) and the softmax scale is positive (else they do not
+    follow it)."""
+    return every_row_sees_a_key(case) and getattr(case, "sm_scale", 1.0) > 0
 
 
 def every_row_sees_a_key(case) -> bool:

@@ -23,6 +23,9 @@ CASES = [
     ("cuda_mini", PaddedCase(1, 70, 19, True)),
     ("cuda_mini", PaddedCase(2, 33, 65, False)),
     ("cuda_ragged", RaggedCase((7, 0, 33, 16), (7, 0, 40, 0))),
+    # More work items than SMs: the persistent kernel and its work counter.
+    ("cuda_mini", PaddedCase(2, 700, 900, True)),
+    ("cuda_ragged", RaggedCase((600, 0, 300, 5), (650, 0, 200, 0))),
 ]
 
 for name, case in CASES:

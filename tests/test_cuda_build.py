@@ -166,13 +166,22 @@ def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, build_dir):
                 f for f in functions if kernel_name(PORTABLE_KERNEL, dtype, causal, ragged) in f
             ]
             assert len(wgmma) == 1 and len(portable) == 1, list(functions)
-            hgmma = functions[wgmma[0]].count("HGMMA.64x128x16.F32")
+            sass = functions[wgmma[0]]
+            # S = Q K^T: 8 k-steps (head_dim 128) of m64 x kBlockN, in the prologue and in the
+            # loop; O += P V: kBlockN / 16 k-steps of m64 x 128, in the loop and after it.
+            # kBlockN is 128 for causal kernels, 176 for non-causal ones.
+            block_n = 128 if causal else 176
+            hgmma = {n: sass.count(f"HGMMA.64x{n}x16.F32") for n in (128, 176)}
             if arch == "90a":
-                # 8 k-steps of S = Q K^T in the prologue and in the loop, 8 of O += P V in the
-                # loop and after it.
-                assert hgmma == 32, f"{wgmma[0]}: {hgmma} HGMMA on sm_90a"
+                expected = {128: 0, 176: 0}
+                expected[block_n] += 2 * 8
+                expected[128] += 2 * block_n // 16
+                assert hgmma == expected, f"{wgmma[0]}: {hgmma} HGMMA on sm_90a"
+                # TMA loads, mbarriers, register reallocation: the warp-specialized pipeline.
+                for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
+                    assert instruction in sass, f"{wgmma[0]}: no {instruction}"
             else:
-                assert hgmma == 0, f"{wgmma[0]}: the sm_90 stub holds {hgmma} HGMMA"
+                assert hgmma == {128: 0, 176: 0}, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]]
 

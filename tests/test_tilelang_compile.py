@@ -306,7 +306,7 @@ RAGGED_ERRORS = {
     "qo_indptr no sequence": ("qo_indptr", dict(qo_indptr=int32(1), kv_indptr=int32(1))),
     "kv_indptr length": ("kv_indptr", dict(kv_indptr=int32(4))),
     "kv_indptr non-contiguous": ("kv_indptr", dict(kv_indptr=int32(6)[::2])),
-    "sm_scale zero": ("sm_scale", dict(sm_scale=0.0)),
+    "sm_scale inf": ("sm_scale", dict(sm_scale=float("inf"))),
     "sm_scale a tensor": ("sm_scale", dict(sm_scale=torch.tensor(0.1))),
     "output float16": ("output", dict(output=tensor(4, 32, 128))),
     "output rows": ("output", dict(output=tensor(5, 32, 128, dtype=BF16))),

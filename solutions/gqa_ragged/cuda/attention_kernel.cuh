@@ -15,6 +15,7 @@
 // j <= i + seq_kv - seq_q. A row that sees no key ends with output 0 and lse -inf.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -204,8 +205,10 @@ __device__ __forceinline__ bool locate_tile(const Params& p, int slot, TileCoord
     t.seq_kv = kv_end - kv_begin;
     local = slot - (qo_begin / kTokensPerTile + lo);
   } else {
-    const int seq = slot / p.tiles_per_seq;
-    local = slot % p.tiles_per_seq;
+    // Every sequence's last tiles first (the heaviest under a causal mask): the persistent
+    // Hopper kernel takes slots in this order.
+    const int seq = slot % p.batch;
+    local = slot / p.batch;
     seq_q = p.seq_q;
     t.seq_kv = p.seq_kv;
     q_start = seq * seq_q;
@@ -226,21 +229,15 @@ __device__ __forceinline__ bool locate_tile(const Params& p, int slot, TileCoord
   return true;
 }
 
-// S (this lane's part of 16 rows x kNB * 8 keys from key0, accumulator layout) -> base-2
-// logits, masked (after scaling, so that any finite sm_scale is safe). Only tiles crossing
-// the end of the sequence or the tile's first causal limit need the mask. row_token: the
-// lane's first row's token; its second row (8 rows further) is 2 tokens later.
+// S (this lane's part of 16 rows x kNB * 8 keys from key0, accumulator layout): logits of
+// keys a row does not see become -inf. Only tiles crossing the end of the sequence or the
+// tile's first causal limit need it. row_token: the lane's first row's token; its second row
+// (8 rows further) is 2 tokens later.
 template <bool kCausal, int kNB>
-__device__ __forceinline__ void scale_and_mask(float (&s)[kNB][4], float scale_log2,
-                                               const TileCoords& t, int key0, int row_token,
-                                               int quad_lane) {
+__device__ __forceinline__ void mask_tile(float (&s)[kNB][4], const TileCoords& t, int key0,
+                                          int row_token, int quad_lane) {
   const bool needs_mask = key0 + kNB * 8 > t.seq_kv ||
                           (kCausal && key0 + kNB * 8 - 1 > t.tok0 + t.causal_offset);
-#pragma unroll
-  for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) s[nb][j] *= scale_log2;
-  }
   if (needs_mask) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -260,12 +257,30 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kNB][4], float scale_l
   }
 }
 
-// Online softmax over one key tile, per row h (lane holds columns 2q, 2q+1 of each n8
-// block): s becomes P (unnormalized probabilities), the running max and this lane's partial
-// row sums are updated, and rescale[h] is the factor by which O's row h must be scaled.
+// The portable kernel's logits: scaled to base 2 first, then masked, so that any finite
+// sm_scale (negative too) is safe; its softmax then runs with scale 1.
+template <bool kCausal, int kNB>
+__device__ __forceinline__ void scale_and_mask(float (&s)[kNB][4], float scale_log2,
+                                               const TileCoords& t, int key0, int row_token,
+                                               int quad_lane) {
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[nb][j] *= scale_log2;
+  }
+  mask_tile<kCausal>(s, t, key0, row_token, quad_lane);
+}
+
+// Online softmax over one tile of masked logits s, per row h (lane holds columns 2q, 2q+1 of
+// each n8 block), with the base-2 scale folded into one FFMA per element:
+// p = exp2(s * scale - max * scale), which needs scale > 0 (the max of the raw logits is then
+// the max of the scaled ones). s becomes P (unnormalized probabilities), the running max
+// (scaled) and this lane's partial row sums are updated, and rescale[h] is the factor by
+// which O's row h must be scaled.
 template <int kNB>
 __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max)[2],
-                                             float (&row_sum)[2], float (&rescale)[2]) {
+                                             float (&row_sum)[2], float (&rescale)[2],
+                                             float scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float tile_max = -INFINITY;
@@ -275,7 +290,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float new_max = fmaxf(row_max[h], tile_max);
+    const float new_max = fmaxf(row_max[h], tile_max * scale);
     // A row with nothing visible yet keeps max -inf: subtract 0 instead, so that
     // exp2(-inf - -inf) never makes a NaN (exp2(-inf) = 0 for the masked logits).
     const float base = new_max == -INFINITY ? 0.f : new_max;
@@ -286,7 +301,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max
     for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(s[nb][2 * h + e] - base);
+        const float prob = exp2f(fmaf(s[nb][2 * h + e], scale, -base));
         s[nb][2 * h + e] = prob;
         tile_sum += prob;
       }
@@ -307,14 +322,15 @@ __device__ __forceinline__ void rescale_rows(float (&acc)[kDB][4], const float (
   }
 }
 
-// Epilogue of warp `warp` (rows 16 warp .. 16 warp + 15 of the tile): normalize, write lse,
-// stage the rows in `stage` (128 rows of kSmemStride elements; the warp's own rows, free for
-// it), then write them out in 16-byte coalesced stores.
-template <typename T>
-__device__ __forceinline__ void write_output(const Params& p, const TileCoords& t, int kv_head,
-                                             float (&acc)[kHeadDim / 8][4],
-                                             const float (&row_max)[2], const float (&row_sum)[2],
-                                             T* stage, int warp, int lane) {
+// Epilogue, first half: normalizes the lane's two rows (16 warp + group + 8 h of the tile),
+// writes their lse and hands each packed pair of outputs (row, n8 block db) to `stage`, which
+// puts it where the second half (copy_rows_out) reads it.
+template <typename T, typename StagePair>
+__device__ __forceinline__ void normalize_rows(const Params& p, const TileCoords& t, int kv_head,
+                                               const float (&acc)[kHeadDim / 8][4],
+                                               const float (&row_max)[2],
+                                               const float (&row_sum)[2], int warp, int lane,
+                                               StagePair stage) {
   using Ops = ElementOps<T>;
   const int group = lane / 4;
   const int quad_lane = lane % 4;
@@ -325,11 +341,9 @@ __device__ __forceinline__ void write_output(const Params& p, const TileCoords& 
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     const float inv = total > 0.f ? 1.f / total : 0.f;  // a row with no visible key -> 0
     const int row = warp * 16 + group + 8 * h;
-    T* srow = stage + row * kSmemStride + quad_lane * 2;
 #pragma unroll
     for (int db = 0; db < kHeadDim / 8; ++db) {
-      *reinterpret_cast<uint32_t*>(srow + db * 8) =
-          Ops::pack(acc[db][2 * h] * inv, acc[db][2 * h + 1] * inv);
+      stage(row, db, Ops::pack(acc[db][2 * h] * inv, acc[db][2 * h + 1] * inv));
     }
     if (p.lse != nullptr && quad_lane == 0) {
       const int token = row / kGroupSize;
@@ -339,22 +353,48 @@ __device__ __forceinline__ void write_output(const Params& p, const TileCoords& 
       }
     }
   }
-  __syncwarp();
+}
+
+// Epilogue, second half: kThreads threads copy staged rows [row0, row0 + kRows) of the tile
+// to out in 16-byte coalesced stores (load(row, chunk) reads 16-byte chunk `chunk` of a
+// staged row); rows of tokens past the tile's end are not written.
+template <typename T, int kRows, int kThreads, typename LoadChunk>
+__device__ __forceinline__ void copy_rows_out(const Params& p, const TileCoords& t, int kv_head,
+                                              int row0, int thread, LoadChunk load) {
   T* out_tile = static_cast<T*>(p.out) +
                 (int64_t(t.q_row0) * kNumHeads + kv_head * kGroupSize) * kHeadDim;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "whole chunks per thread");
 #pragma unroll
-  for (int i = 0; i < 16 * kChunksPerRow / 32; ++i) {
-    const int idx = lane + i * 32;
-    const int row = warp * 16 + idx / kChunksPerRow;
+  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+    const int idx = thread + i * kThreads;
+    const int row = row0 + idx / kChunksPerRow;
     const int chunk = idx % kChunksPerRow;
     const int token = row / kGroupSize;
     if (token < t.tile_tokens) {
-      const uint4 value = *reinterpret_cast<const uint4*>(stage + row * kSmemStride + chunk * 8);
       *reinterpret_cast<uint4*>(out_tile +
                                 (int64_t(token) * kNumHeads + row % kGroupSize) * kHeadDim +
-                                chunk * 8) = value;
+                                chunk * 8) = load(row, chunk);
     }
   }
+}
+
+// The portable kernel's epilogue for warp `warp`: stages its 16 rows in its own rows of
+// `stage` (128 rows of kSmemStride elements, free for it).
+template <typename T>
+__device__ __forceinline__ void write_output(const Params& p, const TileCoords& t, int kv_head,
+                                             const float (&acc)[kHeadDim / 8][4],
+                                             const float (&row_max)[2], const float (&row_sum)[2],
+                                             T* stage, int warp, int lane) {
+  const int quad_lane = lane % 4;
+  normalize_rows<T>(p, t, kv_head, acc, row_max, row_sum, warp, lane,
+                    [&](int row, int db, uint32_t pair) {
+                      *reinterpret_cast<uint32_t*>(stage + row * kSmemStride + db * 8 +
+                                                   quad_lane * 2) = pair;
+                    });
+  __syncwarp();
+  copy_rows_out<T, 16, 32>(p, t, kv_head, warp * 16, lane, [&](int row, int chunk) {
+    return *reinterpret_cast<const uint4*>(stage + row * kSmemStride + chunk * 8);
+  });
 }
 
 // ---- The portable kernel (mma.sync) -------------------------------------------------------
@@ -463,7 +503,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
 
     scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane);
     float rescale[2];
-    softmax_tile(s, row_max, row_sum, rescale);
+    softmax_tile(s, row_max, row_sum, rescale, 1.f);
     rescale_rows(acc, rescale);
 
     cp_async_wait_all();  // V[n] has landed ...
@@ -496,41 +536,97 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
   write_output<T>(p, t, kv_head, acc, row_max, row_sum, sQ, warp, lane);
 }
 
-// ---- The Hopper kernel (wgmma, sm_90a only) -----------------------------------------------
+// ---- The Hopper kernel (TMA, wgmma, warp-specialized; sm_90a only) ------------------------
 //
-// Same tiles, grid and tile placement as the portable kernel, but the two matrix products run
-// on Hopper's warpgroup MMA: each of the 2 warpgroups (4 warps, 128 threads) owns 64 of the
-// 128 rows (warp w still owns rows 16 w .. 16 w + 15, in the same accumulator layout as
-// mma.sync m16n8, so masking, softmax and the epilogue are shared with the portable kernel).
-//   S = Q K^T:  wgmma m64n128k16, A = Q and B = K from shared memory (both K-major);
-//   O += P V:   wgmma m64n128k16, A = P from registers, B = V from shared memory (MN-major).
-// K/V tiles of 128 keys, double-buffered (2 stages each) and loaded with cp.async, which
-// writes through the generic proxy: each thread fences (fence.proxy.async) after its copies
-// land and before the barrier that lets wgmma read them.
+// FlashAttention-3's structure, with the same 128-row query tiles, row order and tile placement
+// as the portable kernel. 384 threads in three warpgroups:
+//   producer (warpgroup 0, one thread): takes work items (query tile, KV head), finds their
+//     sequence (locate_tile) and hands them to the consumers through a 2-slot item buffer,
+//     then loads Q and streams K/V tiles with TMA into a 2-stage ring, each load completing
+//     on an mbarrier (full), each stage reused once the consumers release it (empty);
+//   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
+//     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
+//     with S[n + 1] issued before P[n] V[n] so that the softmax of one tile runs while the
+//     tensor cores work on the other, and the scale folded into the exponentials (one FFMA
+//     per logit; the host runs the portable kernel for a scale <= 0); then the epilogue (normalize, lse, stage the rows in
+//     shared memory, 16-byte coalesced stores).
+// setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
-// Shared-memory tiles (Q, each K and V stage: 128 rows x 128 elements, 32 KiB, 1024-byte
-// aligned) are stored as two 64-column halves of 128 rows x 128 bytes, with the 128-byte
-// swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)): the canonical layout that a wgmma
-// descriptor of layout type SWIZZLE_128B describes, K-major for Q and K, MN-major for V.
+// Causal kernels are persistent: the grid is one CTA per SM, and the producer takes the next
+// item with an atomic add on a per-stream counter (Scheduler), items ordered heaviest first,
+// so that SMs that drew short items take more. The last CTA to draw past the end zeroes the
+// counter, so the next launch on the stream finds it at 0 without a memset. While the
+// consumers finish an item, the producer already loads the next one's Q (causal tiles stage the
+// output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA per
+// item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
+// buffer: the output is staged in Q's buffer.
 //
-// Only an sm_90a build compiles the body (wgmma needs the architecture-specific features);
-// elsewhere the kernel is a stub that traps. The host cannot see __CUDA_ARCH_FEAT_SM90_ALL,
-// so the two versions declare different maximum block sizes (__launch_bounds__): the host
-// reads the loaded version's value with cudaFuncGetAttributes (maxThreadsPerBlock) and runs
-// the wgmma kernel only where it is kWgmmaThreads (see prefill_entry.cu).
+// Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), 1024-byte aligned: what
+// TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and what a wgmma descriptor of layout type
+// SWIZZLE_128B reads, K-major for Q and K, MN-major for V. The Q tile comes from a 3-D view
+// of q (dim, head, token), box (64, 4 heads, 32 tokens): row r = (token r / 4, head r % 4).
+// K/V tiles come from (dim, kv head, token), box (64, 1, kBlockN). Rows past a sequence's end
+// are loaded too (the next sequence's rows, or zeros past the tensor's end, which TMA fills):
+// their logits are masked to -inf, so they add 0 * finite to O.
+//
+// Only an sm_90a build compiles the body (wgmma, setmaxnreg); elsewhere the kernel is a stub
+// that traps. The host cannot see __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare
+// different maximum block sizes (__launch_bounds__): the host reads the loaded version's
+// value with cudaFuncGetAttributes (maxThreadsPerBlock) and runs this kernel only where it is
+// kWgmmaThreads (see prefill_entry.cu).
 
 // Set to false to build the Hopper kernel but always run the portable one.
 constexpr bool kEnableWgmmaPath = true;
-constexpr int kWgmmaBlockN = 128;                     // keys per K/V tile
-constexpr int kWgmmaThreads = 256;                    // 2 warpgroups
-constexpr int kWgmmaStubThreads = 32;                 // the stub's bound: "not compiled"
-constexpr uint32_t kTileBytes = 128 * kHeadDim * 2;   // one 128-row tile: 32 KiB
-constexpr uint32_t kHalfTileBytes = kTileBytes / 2;   // its 64-column half
-constexpr size_t kWgmmaSmemBytes = 5 * kTileBytes + 1024;  // Q, 2 K, 2 V, alignment slack
-static_assert(kWgmmaBlockN == 128 && kBlockM == 128, "tiles are 128 rows of 128 elements");
-static_assert(kWgmmaSmemBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
-static_assert(kWgmmaSmemBytes >= 2 * kTileBytes + size_t(kBlockM) * kSmemStride * 2,
-              "the epilogue stages the output in the K stages");
+constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kWgmmaStubThreads = 32;   // the stub's bound: "not compiled"
+constexpr uint32_t kQTileBytes = kBlockM * kHeadDim * 2;  // 32 KiB
+constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
+
+template <bool kCausal>
+struct HopperTiles {
+  static constexpr int kBlockN = kCausal ? 128 : 176;   // keys per K/V tile
+  static constexpr bool kOwnOutputBuffer = kCausal;     // else the output is staged in Q's
+  static constexpr bool kPersistent = kCausal;          // else one CTA per work item
+  static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
+  static constexpr int kStages = 2;
+  // setmaxnreg: 128 producer + 256 consumer threads share 64 K registers. 176-key score tiles
+  // need 240 per consumer thread; with 128-key tiles the producer gets 32 (its ragged
+  // sequence search spills at 24).
+  static constexpr int kProducerRegisters = kCausal ? 32 : 24;
+  static constexpr int kConsumerRegisters = kCausal ? 232 : 240;
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 64 * 1024, "registers");
+  // Byte offsets from the 1024-aligned base.
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
+  static constexpr uint32_t kV = kK + kStages * kKvTileBytes;
+  static constexpr uint32_t kO = kOwnOutputBuffer ? kV + kStages * kKvTileBytes : kQ;
+  static constexpr uint32_t kBarriers = kV + kStages * kKvTileBytes +
+                                        (kOwnOutputBuffer ? kQTileBytes : 0);
+  static constexpr uint32_t kSmemBytes = kBarriers + 256 + 1024;  // barriers, items, alignment
+  static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+};
+
+// The kernel's parameters beyond Params: TMA descriptors (by value, __grid_constant__) and
+// the work schedule.
+struct HopperParams {
+  Params p;
+  CUtensorMap q_map;  // q as (dim 128, head 32, token), box (64, 4, 32)
+  CUtensorMap k_map;  // k as (dim 128, kv head 8, token), box (64, 1, kBlockN)
+  CUtensorMap v_map;
+  int* scheduler;  // persistent kernels: int32[2] {items drawn, CTAs done}, zero between launches
+  int num_items;   // work items (query tile slot x KV head)
+};
+
+// A work item as the producer hands it to the consumers.
+struct WorkItem {
+  TileCoords t;
+  int kv_head;
+  int valid;  // 0: no more work, the consumers exit
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaThreads, 1)
@@ -540,14 +636,53 @@ static_assert(kWgmmaSmemBytes >= 2 * kTileBytes + size_t(kBlockM) * kSmemStride 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+// ---- mbarrier, TMA and wgmma wrappers
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before later
-// async-proxy (wgmma) reads; a barrier must follow for other threads' wgmma.
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of the given parity has completed (a fresh barrier counts the phase
+// before its first as completed: parity 1 passes at once).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: box at coordinates (c0, c1, c2) of a 3-D tensor map -> shared memory, completing
+// `bar`'s transaction count.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap& map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy ones
+// (TMA writes, wgmma reads) of the same memory.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -561,9 +696,10 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Keeps the compiler from moving accesses of wgmma accumulators across the asm statements
 // that issue / wait for the asynchronous MMA.
-__device__ __forceinline__ void fence_operands(float (&d)[16][4]) {
+template <int kNB>
+__device__ __forceinline__ void fence_operands(float (&d)[kNB][4]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < kNB; ++i) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
   }
@@ -573,267 +709,376 @@ __device__ __forceinline__ void fence_operands(float (&d)[16][4]) {
 // (bits 0-13), leading-dimension byte offset (16-29) and stride-dimension byte offset (32-45),
 // all in 16-byte units; base offset (49-51) 0, as the tiles are 1024-byte aligned.
 //   K-major (Q, K): SBO = 1024 (8 rows of 128 bytes to the next 8); LBO unused (1).
-//   MN-major (V): SBO = 1024 (8 keys to the next 8), LBO = 16 KiB (one 64-column half to
-//   the next).
+//   MN-major (V): SBO = 1024 (8 keys to the next 8), LBO = one 64-column half to the next.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) |
          (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// Byte offset of 16-byte chunk `chunk` (0-15) of row `row` in a swizzled 128-row tile.
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
-  return (chunk / 8) * kHalfTileBytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+// Byte offset of 16-byte chunk `chunk` (0-15) of row `row` in a swizzled tile of two halves.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, uint32_t half_bytes) {
+  return (chunk / 8) * half_bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
 }
 
-#define GQA_WGMMA_D64                                                                      \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
-  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "   \
-  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define GQA_WGMMA_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define GQA_WGMMA_ACC64(d)                                                                \
-  GQA_WGMMA_ACC4(d, 0), GQA_WGMMA_ACC4(d, 1), GQA_WGMMA_ACC4(d, 2), GQA_WGMMA_ACC4(d, 3),   \
-      GQA_WGMMA_ACC4(d, 4), GQA_WGMMA_ACC4(d, 5), GQA_WGMMA_ACC4(d, 6),                     \
-      GQA_WGMMA_ACC4(d, 7), GQA_WGMMA_ACC4(d, 8), GQA_WGMMA_ACC4(d, 9),                     \
-      GQA_WGMMA_ACC4(d, 10), GQA_WGMMA_ACC4(d, 11), GQA_WGMMA_ACC4(d, 12),                  \
-      GQA_WGMMA_ACC4(d, 13), GQA_WGMMA_ACC4(d, 14), GQA_WGMMA_ACC4(d, 15)
-
-// wgmma m64n128k16 with fp32 accumulators d (this thread's 64: d[j] is n8 block j in the
+// wgmma m64nNk16 with fp32 accumulators d (this thread's N / 2: d[j] is n8 block j in the
 // mma.sync m16n8 accumulator layout of the thread's warp's 16 rows).
 //   ss: D = A B (+ D if accumulate), A and B from shared memory, both K-major.
 //   rs: D += A B, A from registers (the mma.sync m16n8k16 A fragment of the warp's 16 rows),
 //       B from shared memory, MN-major (transposed: imm-trans-b = 1).
-#define GQA_DEFINE_WGMMA_OPS(T, PTX_TYPE)                                                    \
+// The operand lists: %0 .. %(N/2 - 1) are the accumulators.
+#define GQA_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define GQA_WGMMA_D128 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
+#define GQA_WGMMA_ACC128(d) \
+  GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),  \
+  GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),  \
+  GQA_ACC4(d, 10), GQA_ACC4(d, 11), GQA_ACC4(d, 12), GQA_ACC4(d, 13),  \
+  GQA_ACC4(d, 14), GQA_ACC4(d, 15)
+#define GQA_WGMMA_D176 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
+  "%82, %83, %84, %85, %86, %87" "}"
+#define GQA_WGMMA_ACC176(d) \
+  GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),  \
+  GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),  \
+  GQA_ACC4(d, 10), GQA_ACC4(d, 11), GQA_ACC4(d, 12), GQA_ACC4(d, 13),  \
+  GQA_ACC4(d, 14), GQA_ACC4(d, 15), GQA_ACC4(d, 16), GQA_ACC4(d, 17),  \
+  GQA_ACC4(d, 18), GQA_ACC4(d, 19), GQA_ACC4(d, 20), GQA_ACC4(d, 21)
+
+// A_OP, B_OP, P_OP: the operand numbers after the N / 2 accumulators.
+#define GQA_DEFINE_WGMMA_SS(T, PTX_TYPE, N, A_OP, B_OP, P_OP)                               \
   template <>                                                                               \
-  struct WgmmaOps<T> {                                                                      \
-    __device__ __forceinline__ static void ss(float (&d)[16][4], uint64_t a, uint64_t b,    \
-                                              int accumulate) {                             \
-      asm volatile(                                                                         \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                     \
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "          \
-          GQA_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                  \
-          : GQA_WGMMA_ACC64(d)                                                              \
-          : "l"(a), "l"(b), "r"(accumulate));                                               \
+  struct WgmmaSS<T, N> {                                                                    \
+    __device__ __forceinline__ static void run(float (&d)[N / 8][4], uint64_t a, uint64_t b, \
+                                               int accumulate) {                            \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P_OP ", 0;\n"                     \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE  \
+                   " " GQA_WGMMA_D##N ", %" #A_OP ", %" #B_OP ", p, 1, 1, 0, 0;\n}\n"       \
+                   : GQA_WGMMA_ACC##N(d)                                                    \
+                   : "l"(a), "l"(b), "r"(accumulate));                                      \
     }                                                                                       \
-    __device__ __forceinline__ static void rs(float (&d)[16][4], const uint32_t (&a)[4],    \
-                                              uint64_t b) {                                 \
-      asm volatile(                                                                         \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                     \
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "          \
-          GQA_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                    \
-          : GQA_WGMMA_ACC64(d)                                                              \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                    \
+  };
+#define GQA_DEFINE_WGMMA_RS(T, PTX_TYPE)                                                     \
+  template <>                                                                               \
+  struct WgmmaRS<T> {                                                                       \
+    __device__ __forceinline__ static void run(float (&d)[16][4], const uint32_t (&a)[4],   \
+                                               uint64_t b) {                                \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                            \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " " \
+                   GQA_WGMMA_D128 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"          \
+                   : GQA_WGMMA_ACC128(d)                                                    \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
     }                                                                                       \
   };
 
+template <typename T, int N>
+struct WgmmaSS;
 template <typename T>
-struct WgmmaOps;
-GQA_DEFINE_WGMMA_OPS(half, "f16")
-GQA_DEFINE_WGMMA_OPS(__nv_bfloat16, "bf16")
-#undef GQA_DEFINE_WGMMA_OPS
-#undef GQA_WGMMA_ACC64
-#undef GQA_WGMMA_ACC4
-#undef GQA_WGMMA_D64
+struct WgmmaRS;
+GQA_DEFINE_WGMMA_SS(half, "f16", 128, 64, 65, 66)
+GQA_DEFINE_WGMMA_SS(half, "f16", 176, 88, 89, 90)
+GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, 65, 66)
+GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 176, 88, 89, 90)
+GQA_DEFINE_WGMMA_RS(half, "f16")
+GQA_DEFINE_WGMMA_RS(__nv_bfloat16, "bf16")
+#undef GQA_DEFINE_WGMMA_SS
+#undef GQA_DEFINE_WGMMA_RS
+#undef GQA_WGMMA_ACC128
+#undef GQA_WGMMA_ACC176
+#undef GQA_WGMMA_D128
+#undef GQA_WGMMA_D176
+#undef GQA_ACC4
 
-// One thread's share of a 128-key K or V tile: rows row0 + 16 i (i < 8), 16-byte chunk
-// `chunk` of each; rows at or past the sequence end are zero-filled without a global read.
-template <typename T>
-struct SwizzledKvLoader {
-  const T* thread_src;  // this thread's chunk of sequence row row0
-  uint32_t thread_dst;  // its byte offset in a tile
-  int row0;
+// Ring position of the i-th K/V tile (counted over all items of the CTA): stage and the parity
+// of its barriers' phase.
+struct RingSlot {
+  uint32_t stage, parity;
+  __device__ __forceinline__ explicit RingSlot(uint32_t i) : stage(i % 2), parity((i / 2) & 1) {}
+};
 
-  static constexpr int64_t kRowStride = int64_t(kNumKvHeads) * kHeadDim;
-  static constexpr int kRowsPerPass = kWgmmaThreads / kChunksPerRow;  // 16
-
-  __device__ __forceinline__ SwizzledKvLoader(const T* tensor, int seq_start, int kv_head,
-                                              int tid) {
-    row0 = tid / kChunksPerRow;
-    const int chunk = tid % kChunksPerRow;
-    thread_src = tensor + int64_t(seq_start + row0) * kRowStride + kv_head * kHeadDim + chunk * 8;
-    // Rows row0 + 16 i share row0 % 8, so one swizzled offset serves all of them.
-    thread_dst = swizzled_offset(row0, chunk);
-  }
-
-  __device__ __forceinline__ void load(uint32_t tile, int key0, int seq_len,
-                                       const void* tensor) const {
-#pragma unroll
-    for (int i = 0; i < kWgmmaBlockN / kRowsPerPass; ++i) {
-      const int key = key0 + i * kRowsPerPass;
-      const bool valid = key + row0 < seq_len;
-      const void* src = valid ? static_cast<const void*>(thread_src + key * kRowStride) : tensor;
-      cp_async_16(tile + thread_dst + i * kRowsPerPass * 128, src, valid ? 16 : 0);
+// The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.
+// Past the end, the last CTA to get there zeroes the counter for the next launch.
+__device__ __forceinline__ int next_item(const HopperParams& hp, int item) {
+  if (hp.scheduler == nullptr) return item + gridDim.x;
+  const int next = gridDim.x + atomicAdd(hp.scheduler, 1);
+  if (next >= hp.num_items) {
+    __threadfence();  // this CTA's draws happen before its count below
+    if (atomicAdd(hp.scheduler + 1, 1) == int(gridDim.x) - 1) {
+      __threadfence();  // every CTA's draws happen before the reset
+      hp.scheduler[0] = 0;
+      hp.scheduler[1] = 0;
     }
   }
-};
+  return next;
+}
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <typename T, bool kCausal, bool kRagged>
-__global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const Params p) {
+__global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Ops = ElementOps<T>;
-  using Wgmma = WgmmaOps<T>;
+  using Tiles = HopperTiles<kCausal>;
+  constexpr int kBlockN = Tiles::kBlockN;
+  const Params& p = hp.p;
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   // 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes).
   const uint32_t raw_base = smem_addr(wgmma_smem);
   const uint32_t base = (raw_base + 1023) & ~1023u;
-  const uint32_t sQ = base;
-  const uint32_t sK = base + kTileBytes;      // stage s at sK + s * kTileBytes
-  const uint32_t sV = base + 3 * kTileBytes;  // stage s at sV + s * kTileBytes
-
-  const int kv_head = blockIdx.x % kNumKvHeads;
-  TileCoords t;
-  if (!locate_tile<kCausal, kRagged>(p, blockIdx.x / kNumKvHeads, t)) return;
-  const int num_kv_tiles = (t.kv_len + kWgmmaBlockN - 1) / kWgmmaBlockN;
+  const uint32_t sQ = base + Tiles::kQ;
+  const uint32_t sK = base + Tiles::kK;
+  const uint32_t sV = base + Tiles::kV;
+  const uint32_t sO = base + Tiles::kO;
+  // mbarriers (8 bytes each): full = data landed, empty = the consumers are done with it.
+  const uint32_t bars = base + Tiles::kBarriers;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const uint32_t k_full = bars + 16, k_empty = bars + 32;  // + 8 * stage
+  const uint32_t v_full = bars + 48, v_empty = bars + 64;
+  const uint32_t item_full = bars + 80, item_empty = bars + 96;  // + 8 * item slot
+  WorkItem* items =
+      reinterpret_cast<WorkItem*>(wgmma_smem + (bars - raw_base) + 128);  // 2 slots
 
   const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int warpgroup = warp / 4;
-  const int lane = tid % 32;
+  if (tid == 0) {
+    mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, kConsumerThreads);
+    for (int s = 0; s < Tiles::kStages; ++s) {
+      mbarrier_init(k_full + 8 * s, 1);
+      mbarrier_init(k_empty + 8 * s, kConsumerThreads);
+      mbarrier_init(v_full + 8 * s, 1);
+      mbarrier_init(v_empty + 8 * s, kConsumerThreads);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbarrier_init(item_full + 8 * slot, 1);
+      mbarrier_init(item_empty + 8 * slot, kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // ---- Producer warpgroup: one thread works, the others leave.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tiles::kProducerRegisters));
+    if (tid != 0) return;
+    tma_prefetch_descriptor(hp.q_map);
+    tma_prefetch_descriptor(hp.k_map);
+    tma_prefetch_descriptor(hp.v_map);
+    uint32_t tile_count = 0;
+    int item = blockIdx.x;
+#pragma unroll 1
+    for (uint32_t n_item = 0;; ++n_item) {
+      WorkItem w;
+      w.valid = 0;
+      while (item < hp.num_items) {
+        w.kv_head = item % kNumKvHeads;
+        if (locate_tile<kCausal, kRagged>(p, item / kNumKvHeads, w.t)) {
+          w.valid = 1;
+          break;
+        }
+        item = next_item(hp, item);  // a spare slot of a ragged batch
+      }
+      const uint32_t slot = n_item % 2;
+      mbarrier_wait(item_empty + 8 * slot, ((n_item / 2) & 1) ^ 1);
+      items[slot] = w;
+      mbarrier_arrive(item_full + 8 * slot);
+      if (!w.valid) return;
+
+      mbarrier_wait(q_empty, (n_item & 1) ^ 1);
+      mbarrier_arrive_expect_tx(q_full, kQTileBytes);
+      for (int half = 0; half < 2; ++half) {
+        tma_load_3d(sQ + half * kQHalfBytes, hp.q_map, q_full, half * 64,
+                    w.kv_head * kGroupSize, w.t.q_row0);
+      }
+      const int num_kv_tiles = (w.t.kv_len + kBlockN - 1) / kBlockN;
+#pragma unroll 1
+      for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
+        const RingSlot ring(tile_count);
+        const int row = w.t.kv_start + n * kBlockN;
+        mbarrier_wait(k_empty + 8 * ring.stage, ring.parity ^ 1);
+        mbarrier_arrive_expect_tx(k_full + 8 * ring.stage, Tiles::kKvTileBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load_3d(sK + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
+                      hp.k_map, k_full + 8 * ring.stage, half * 64, w.kv_head, row);
+        }
+        mbarrier_wait(v_empty + 8 * ring.stage, ring.parity ^ 1);
+        mbarrier_arrive_expect_tx(v_full + 8 * ring.stage, Tiles::kKvTileBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load_3d(sV + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
+                      hp.v_map, v_full + 8 * ring.stage, half * 64, w.kv_head, row);
+        }
+      }
+      item = next_item(hp, item);
+    }
+  }
+
+  // ---- Consumer warpgroups.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tiles::kConsumerRegisters));
+  using Ops = ElementOps<T>;
+  using WgmmaS = WgmmaSS<T, kBlockN>;
+  using WgmmaPV = WgmmaRS<T>;
+  constexpr int kSB = kBlockN / 8;   // n8 blocks of a score tile
+  constexpr int kPK = kBlockN / 16;  // k16 steps of P V
+  const int ctid = tid - 128;        // 0 .. 255
+  const int warp = ctid / 32;        // owns rows 16 warp .. 16 warp + 15 of the tile
+  const int warpgroup = warp / 4;    // owns rows 64 warpgroup .. + 63
+  const int lane = ctid % 32;
   const int group = lane / 4;
   const int quad_lane = lane % 4;
 
-  // Q tile: row r = (token r / 4, head r % 4) as in the portable kernel, swizzled.
-  {
-    const T* q_tile = static_cast<const T*>(p.q) +
-                      (int64_t(t.q_row0) * kNumHeads + kv_head * kGroupSize) * kHeadDim;
-    const int chunk = tid % kChunksPerRow;
-#pragma unroll
-    for (int i = 0; i < kBlockM * kChunksPerRow / kWgmmaThreads; ++i) {
-      const int row = tid / kChunksPerRow + i * (kWgmmaThreads / kChunksPerRow);
-      const int token = row / kGroupSize;
-      const bool valid = token < t.tile_tokens;
-      const T* src = q_tile +
-                     (valid ? (int64_t(token) * kNumHeads + row % kGroupSize) * kHeadDim : 0) +
-                     chunk * 8;
-      cp_async_16(sQ + swizzled_offset(row, chunk), src, valid ? 16 : 0);
-    }
-  }
-  const SwizzledKvLoader<T> k_loader(static_cast<const T*>(p.k), t.kv_start, kv_head, tid);
-  const SwizzledKvLoader<T> v_loader(static_cast<const T*>(p.v), t.kv_start, kv_head, tid);
-  // cp.async groups, in order: {Q, K[0]}, {K[1], V[0]}, then one per tile n:
-  // {K[n + 2], V[n + 1]} (possibly empty). K[n] lives in K stage n % 2, V[n] in V stage n % 2.
-  if (num_kv_tiles > 0) k_loader.load(sK, 0, t.seq_kv, p.k);
-  cp_async_commit();
-  if (num_kv_tiles > 1) k_loader.load(sK + kTileBytes, kWgmmaBlockN, t.seq_kv, p.k);
-  if (num_kv_tiles > 0) v_loader.load(sV, 0, t.seq_kv, p.v);
-  cp_async_commit();
-
   // Descriptors. A (Q): this warpgroup's 64 rows; k step ks (16 columns) is 32 bytes further
-  // within a 64-column half (the hardware applies the swizzle to the computed addresses),
-  // the second half 16 KiB further. B (K): all 128 keys, the same k steps. B (V): k step ks
-  // = keys 16 ks .. 16 ks + 15, 16 rows of 128 bytes further.
+  // within a 64-column half (the hardware applies the swizzle to the computed addresses).
+  // B (K): all kBlockN keys, the same k steps. B (V): k step ks = keys 16 ks .. 16 ks + 15,
+  // 16 rows of 128 bytes further.
   const uint64_t q_desc = smem_desc(sQ + warpgroup * 64 * 128, 16);
   const uint64_t k_desc = smem_desc(sK, 16);
-  const uint64_t v_desc = smem_desc(sV, kHalfTileBytes);
-  constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor units (16 bytes)
+  const uint64_t v_desc = smem_desc(sV, Tiles::kKvHalfBytes);
+  constexpr uint64_t kStageStep = Tiles::kKvTileBytes >> 4;  // descriptor units (16 bytes)
 
-  // S[n] = Q K[n]^T (64 rows x 128 keys per warpgroup), issued and committed, not waited.
-  auto issue_s = [&](float (&s)[kWgmmaBlockN / 8][4], int n) {
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const uint64_t offset = ((ks / 4) * kHalfTileBytes + (ks % 4) * 32) >> 4;
-      Wgmma::ss(s, q_desc + offset, k_desc + (n % 2) * kStageStep + offset, ks > 0);
-    }
-    wgmma_commit();
-  };
-
-  float acc[kHeadDim / 8][4];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  }
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-  const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
-
-  // P[n] as wgmma A fragments (one per 16 keys), packed from the softmax of S[n].
-  uint32_t pa[kWgmmaBlockN / 16][4];
-  auto pack_p = [&](const float (&s)[kWgmmaBlockN / 8][4]) {
-#pragma unroll
-    for (int ks = 0; ks < kWgmmaBlockN / 16; ++ks) {
-      pa[ks][0] = Ops::pack(s[2 * ks][0], s[2 * ks][1]);
-      pa[ks][1] = Ops::pack(s[2 * ks][2], s[2 * ks][3]);
-      pa[ks][2] = Ops::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      pa[ks][3] = Ops::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-    }
-  };
-
-  // Prologue: P[0].
-  if (num_kv_tiles > 0) {
-    cp_async_wait<1>();   // Q and K[0] have landed ...
-    fence_proxy_async();  // ... visible to wgmma,
-    __syncthreads();      // ... for all threads
-    float s[kWgmmaBlockN / 8][4];
-    issue_s(s, 0);
-    wgmma_wait<0>();
-    fence_operands(s);
-    scale_and_mask<kCausal>(s, p.scale_log2, t, 0, row_token, quad_lane);
-    float rescale[2];
-    softmax_tile(s, row_max, row_sum, rescale);  // O is still 0: no rescale
-    pack_p(s);
-  }
-
-  // O += P[n] V[n], issued and committed, not waited.
-  auto issue_pv = [&](int n) {
-    fence_operands(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kWgmmaBlockN / 16; ++ks) {
-      Wgmma::rs(acc, pa[ks], v_desc + (n % 2) * kStageStep + ((ks * 16 * 128) >> 4));
-    }
-    wgmma_commit();
-  };
-  // Waits for the loads that iteration n reads (K[n + 1], V[n]) and lets wgmma see them;
-  // then stage n % 2 of K and stage (n + 1) % 2 of V are free (K[n], V[n - 1] are done).
-  auto sync_tile = [&](int n) {
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    if (n + 2 < num_kv_tiles) {
-      k_loader.load(sK + (n % 2) * kTileBytes, (n + 2) * kWgmmaBlockN, t.seq_kv, p.k);
-    }
-    if (n + 1 < num_kv_tiles) {
-      v_loader.load(sV + ((n + 1) % 2) * kTileBytes, (n + 1) * kWgmmaBlockN, t.seq_kv, p.v);
-    }
-    cp_async_commit();
-  };
-
-  // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
-  // (issued just before it) runs on the CUDA cores; O is rescaled for tile n + 1 once
-  // P[n] V[n] is done. The last tile's P V runs after the loop.
+  uint32_t tile_count = 0;
 #pragma unroll 1
-  for (int n = 0; n + 1 < num_kv_tiles; ++n) {
-    sync_tile(n);
-    float s[kWgmmaBlockN / 8][4];
-    issue_s(s, n + 1);
-    issue_pv(n);
-    wgmma_wait<1>();  // S[n + 1] is done; P[n] V[n] may still run
-    fence_operands(s);
-    scale_and_mask<kCausal>(s, p.scale_log2, t, (n + 1) * kWgmmaBlockN, row_token, quad_lane);
-    float rescale[2];
-    softmax_tile(s, row_max, row_sum, rescale);
-    wgmma_wait<0>();
-    fence_operands(acc);
-    rescale_rows(acc, rescale);
-    pack_p(s);
-  }
-  if (num_kv_tiles > 0) {
-    sync_tile(num_kv_tiles - 1);
-    issue_pv(num_kv_tiles - 1);
-    wgmma_wait<0>();
-    fence_operands(acc);
-  }
+  for (uint32_t n_item = 0;; ++n_item) {
+    const uint32_t slot = n_item % 2;
+    mbarrier_wait(item_full + 8 * slot, (n_item / 2) & 1);
+    const WorkItem w = items[slot];
+    mbarrier_arrive(item_empty + 8 * slot);
+    if (!w.valid) return;
+    const TileCoords& t = w.t;
+    const int num_kv_tiles = (t.kv_len + kBlockN - 1) / kBlockN;
+    const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
 
-  // Epilogue: stage the output in the K stages (padded rows), free once every warpgroup is
-  // past its last wgmma (no copy is in flight: the last tile issued none).
-  cp_async_wait<0>();
-  __syncthreads();
-  T* stage_rows = reinterpret_cast<T*>(wgmma_smem + (sK - raw_base));
-  write_output<T>(p, t, kv_head, acc, row_max, row_sum, stage_rows, warp, lane);
+    // S = Q K^T of ring tile i (64 rows x kBlockN keys per warpgroup), issued and committed.
+    auto issue_s = [&](float (&s)[kSB][4], const RingSlot& ring) {
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const uint64_t q_step = ((ks / 4) * kQHalfBytes + (ks % 4) * 32) >> 4;
+        const uint64_t k_step = ((ks / 4) * Tiles::kKvHalfBytes + (ks % 4) * 32) >> 4;
+        WgmmaS::run(s, q_desc + q_step, k_desc + ring.stage * kStageStep + k_step, ks > 0);
+      }
+      wgmma_commit();
+    };
+    float acc[kHeadDim / 8][4];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    }
+    // O += P V of ring tile i, issued and committed.
+    uint32_t pa[kPK][4];
+    auto issue_pv = [&](const RingSlot& ring) {
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kPK; ++ks) {
+        WgmmaPV::run(acc, pa[ks], v_desc + ring.stage * kStageStep + ((ks * 16 * 128) >> 4));
+      }
+      wgmma_commit();
+    };
+    auto pack_p = [&](const float (&s)[kSB][4]) {
+#pragma unroll
+      for (int ks = 0; ks < kPK; ++ks) {
+        pa[ks][0] = Ops::pack(s[2 * ks][0], s[2 * ks][1]);
+        pa[ks][1] = Ops::pack(s[2 * ks][2], s[2 * ks][3]);
+        pa[ks][2] = Ops::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[ks][3] = Ops::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+    };
+    // Q's buffer is free for the next item once the last S of this one is done (causal), or
+    // once the output staged in it has been written out (non-causal).
+    auto release_q = [&]() {
+      if constexpr (!Tiles::kOwnOutputBuffer) fence_proxy_async();  // generic use -> TMA
+      mbarrier_arrive(q_empty);
+    };
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+
+    mbarrier_wait(q_full, n_item & 1);
+    // O's rescale factors for the softmax of the latest score tile, applied before the next
+    // P V (while the tensor cores run Q K^T).
+    float rescale[2] = {1.f, 1.f};
+    if (num_kv_tiles > 0) {
+      // Prologue: P[0].
+      const RingSlot first(tile_count);
+      mbarrier_wait(k_full + 8 * first.stage, first.parity);
+      float s[kSB][4];
+      issue_s(s, first);
+      wgmma_wait<0>();
+      fence_operands(s);
+      mbarrier_arrive(k_empty + 8 * first.stage);
+      if (Tiles::kOwnOutputBuffer && num_kv_tiles == 1) release_q();
+      mask_tile<kCausal>(s, t, 0, row_token, quad_lane);
+      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);  // O is still 0
+      pack_p(s);
+    }
+    // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
+    // (issued just before it) runs on the CUDA cores. The last tile's P V runs after the loop.
+#pragma unroll 1
+    for (int n = 0; n + 1 < num_kv_tiles; ++n) {
+      const RingSlot current(tile_count + n), next(tile_count + n + 1);
+      mbarrier_wait(k_full + 8 * next.stage, next.parity);
+      mbarrier_wait(v_full + 8 * current.stage, current.parity);
+      float s[kSB][4];
+      issue_s(s, next);
+      rescale_rows(acc, rescale);
+      issue_pv(current);
+      wgmma_wait<1>();  // S[n + 1] is done; P[n] V[n] may still run
+      fence_operands(s);
+      mbarrier_arrive(k_empty + 8 * next.stage);
+      if (Tiles::kOwnOutputBuffer && n + 2 == num_kv_tiles) release_q();
+      mask_tile<kCausal>(s, t, (n + 1) * kBlockN, row_token, quad_lane);
+      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbarrier_arrive(v_empty + 8 * current.stage);
+      pack_p(s);
+    }
+    if (num_kv_tiles > 0) {
+      const RingSlot last(tile_count + num_kv_tiles - 1);
+      mbarrier_wait(v_full + 8 * last.stage, last.parity);
+      rescale_rows(acc, rescale);
+      issue_pv(last);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbarrier_arrive(v_empty + 8 * last.stage);
+    } else if (Tiles::kOwnOutputBuffer) {
+      release_q();  // no key visible: Q was never read
+    }
+    tile_count += num_kv_tiles;
+
+    // Epilogue: each warpgroup stages its own 64 rows (swizzled, conflict-free) and writes
+    // them out; the barriers keep its threads from overwriting rows still being read.
+    // Its addresses are computed here from opaque copies: hoisted out of the item loop, they
+    // would be kept live through the main loop (and spilled).
+    uint32_t stage = sO;
+    int epilogue_tid = ctid;
+    asm volatile("" : "+r"(stage), "+r"(epilogue_tid));
+    const int epilogue_lane = epilogue_tid % 32;
+    normalize_rows<T>(p, t, w.kv_head, acc, row_max, row_sum, epilogue_tid / 32, epilogue_lane,
+                      [&](int row, int db, uint32_t pair) {
+                        const uint32_t addr = stage + swizzled_offset(row, db, kQHalfBytes) +
+                                              (epilogue_lane % 4) * 4;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair)
+                                     : "memory");
+                      });
+    named_barrier_sync(1 + warpgroup, 128);
+    copy_rows_out<T, 64, 128>(p, t, w.kv_head, (epilogue_tid / 128) * 64, epilogue_tid % 128,
+                              [&](int row, int chunk) {
+                                uint4 v;
+                                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                             : "r"(stage + swizzled_offset(row, chunk,
+                                                                           kQHalfBytes))
+                                             : "memory");
+                                return v;
+                              });
+    named_barrier_sync(1 + warpgroup, 128);
+    if constexpr (!Tiles::kOwnOutputBuffer) release_q();
+  }
 #else
   __trap();  // never launched: the host runs the portable kernel where this stub is loaded
 #endif

@@ -18,11 +18,16 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "attention_kernel.cuh"
 
@@ -132,16 +137,98 @@ void allow_smem(Kernel* kernel, size_t bytes) {
   }
 }
 
+// ---- The Hopper kernel's host side: TMA descriptors, persistent schedule.
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no link to libcuda.
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(
+        "cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || ptr == nullptr) {
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: the CUDA driver has no "
+                                     "cuTensorMapEncodeTiled ("
+                                  << cudaGetErrorString(err) << ")";
+    }
+    return reinterpret_cast<EncodeTiled>(ptr);
+  }();
+  return fn;
+}
+
+// A 3-D view (dim 128, head, row) of a contiguous [rows, heads, 128] tensor, read in boxes of
+// (64, box_heads, box_rows) with the 128-byte swizzle; reads past the last row give zeros.
+CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int box_heads,
+                       int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {kHeadDim, cuuint64_t(heads), cuuint64_t(std::max<int64_t>(rows, 1))};
+  const cuuint64_t strides[2] = {kHeadDim * 2, cuuint64_t(heads) * kHeadDim * 2};  // bytes
+  const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = encode_tiled()(
+      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: cuTensorMapEncodeTiled failed ("
+                                << static_cast<int>(result) << ") for a [" << rows << ", "
+                                << heads << ", 128] tensor";
+  }
+  return map;
+}
+
+// The persistent kernel's work counter (int32[2], zero between launches: the kernel's last
+// CTA resets it), one per device and stream, so that concurrent streams never share one.
+int* scheduler_counter(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  std::lock_guard<std::mutex> lock(mutex);
+  int*& counter = counters[{device, stream}];
+  if (counter == nullptr) {
+    cudaError_t err = cudaMalloc(&counter, 2 * sizeof(int));
+    if (err == cudaSuccess) err = cudaMemsetAsync(counter, 0, 2 * sizeof(int), stream);
+    if (err != cudaSuccess) {
+      counter = nullptr;
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: no scheduler counter ("
+                                  << cudaGetErrorString(err) << ")";
+    }
+  }
+  return counter;
+}
+
+int multiprocessors(int device) {
+  static int counts[64] = {};
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable && counts[device] > 0) return counts[device];
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      count <= 0) {
+    cudaGetLastError();
+    count = 132;
+  }
+  if (cacheable) counts[device] = count;
+  return count;
+}
+
 // Which kernel runs. The wgmma kernel's body exists only in an sm_90a build (flashinfer-bench
 // compiles for sm_90 unless TVM_FFI_CUDA_ARCH_LIST=9.0a); elsewhere it is a stub. Host code
 // cannot see the device-side __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare different
 // __launch_bounds__ and cudaFuncGetAttributes reports the one of the version the device
 // loaded: maxThreadsPerBlock == kWgmmaThreads means the real wgmma kernel. Decided once per
 // kernel and device, with the shared-memory opt-in of the chosen kernel.
+// num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
 template <typename T, bool kCausal, bool kRagged>
-void launch(const Params& params, int64_t num_ctas, const DLDevice& device) {
+void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
+            const DLDevice& device) {
   auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
   auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+  constexpr size_t kHopperSmem = HopperTiles<kCausal>::kSmemBytes;
   enum Path : uint8_t { kUnknown, kPortable, kHopper };
   static Path chosen[64] = {};
   const bool cacheable = device.device_id >= 0 && device.device_id < 64;
@@ -156,13 +243,34 @@ void launch(const Params& params, int64_t num_ctas, const DLDevice& device) {
         cudaGetLastError();  // not loadable here: clear the error, run the portable kernel
       }
     }
-    path == kHopper ? allow_smem(hopper, kWgmmaSmemBytes) : allow_smem(portable, kSmemBytes);
+    allow_smem(portable, kSmemBytes);
+    if (path == kHopper) allow_smem(hopper, kHopperSmem);
     if (cacheable) chosen[device.device_id] = path;
   }
+  // The Hopper kernel folds the softmax scale into its exponentials, which needs a positive
+  // scale; any other finite sm_scale runs the portable kernel.
+  if (!(params.scale_log2 > 0.f)) path = kPortable;
   auto stream =
       static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  const int64_t num_items = num_slots * kNumKvHeads;
+  int64_t num_ctas = num_items;
   if (path == kHopper) {
-    hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kWgmmaSmemBytes, stream>>>(params);
+    HopperParams hp{};
+    hp.p = params;
+    const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    constexpr int kBlockN = HopperTiles<kCausal>::kBlockN;
+    hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, kGroupSize, kTokensPerTile);
+    // No key row at all: no K/V tile is ever loaded; q stands in for the descriptors.
+    const void* k = kv_rows > 0 ? params.k : params.q;
+    const void* v = kv_rows > 0 ? params.v : params.q;
+    hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, 1, kBlockN);
+    hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, 1, kBlockN);
+    hp.num_items = static_cast<int>(num_items);
+    if (HopperTiles<kCausal>::kPersistent && num_items > multiprocessors(device.device_id)) {
+      num_ctas = multiprocessors(device.device_id);
+      hp.scheduler = scheduler_counter(device.device_id, stream);
+    }
+    hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
   } else {
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kSmemBytes, stream>>>(params);
   }
@@ -218,16 +326,17 @@ void run_padded(TensorView q, TensorView k, TensorView v, bool causal, TensorVie
   params.seq_kv = static_cast<int>(seq_kv);
   params.tiles_per_seq = static_cast<int>((seq_q + kTokensPerTile - 1) / kTokensPerTile);
   params.scale_log2 = static_cast<float>(kLog2E / std::sqrt(static_cast<double>(kHeadDim)));
-  const int64_t num_ctas = batch * params.tiles_per_seq * kNumKvHeads;
-  check_grid(num_ctas);
+  const int64_t num_slots = batch * params.tiles_per_seq;
+  check_grid(num_slots * kNumKvHeads);
   tvm::ffi::CUDADeviceGuard guard(q.device().device_id);
   const bool bf16 = is_dtype(q, kDLBfloat, 16);
+  const int64_t q_rows = batch * seq_q, kv_rows = batch * seq_kv;
   if (causal) {
-    bf16 ? launch<__nv_bfloat16, true, false>(params, num_ctas, q.device())
-         : launch<half, true, false>(params, num_ctas, q.device());
+    bf16 ? launch<__nv_bfloat16, true, false>(params, num_slots, q_rows, kv_rows, q.device())
+         : launch<half, true, false>(params, num_slots, q_rows, kv_rows, q.device());
   } else {
-    bf16 ? launch<__nv_bfloat16, false, false>(params, num_ctas, q.device())
-         : launch<half, false, false>(params, num_ctas, q.device());
+    bf16 ? launch<__nv_bfloat16, false, false>(params, num_slots, q_rows, kv_rows, q.device())
+         : launch<half, false, false>(params, num_slots, q_rows, kv_rows, q.device());
   }
 }
 
@@ -289,12 +398,13 @@ void run_ragged(TensorView q, TensorView k, TensorView v, TensorView qo_indptr,
   params.total_kv = static_cast<int>(total_kv);
   params.scale_log2 = static_cast<float>(sm_scale * kLog2E);
   // total_q / 32 + batch slots cover every sequence's query tiles (see the kernel's search).
-  const int64_t num_ctas = (total_q / kTokensPerTile + batch) * kNumKvHeads;
-  check_grid(num_ctas);
+  const int64_t num_slots = total_q / kTokensPerTile + batch;
+  check_grid(num_slots * kNumKvHeads);
   tvm::ffi::CUDADeviceGuard guard(q.device().device_id);
   // The ragged definition is always causal.
-  is_dtype(q, kDLBfloat, 16) ? launch<__nv_bfloat16, true, true>(params, num_ctas, q.device())
-                             : launch<half, true, true>(params, num_ctas, q.device());
+  is_dtype(q, kDLBfloat, 16)
+      ? launch<__nv_bfloat16, true, true>(params, num_slots, total_q, total_kv, q.device())
+      : launch<half, true, true>(params, num_slots, total_q, total_kv, q.device());
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);

@@ -139,7 +139,7 @@ def run_padded(q, k, v, causal, out):
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     """q [total_q, 32, 128], k/v [total_kv, 8, 128] (bfloat16 or float16), qo_indptr/kv_indptr
-    int32 [batch + 1], sm_scale > 0 -> output [total_q, 32, 128] and lse [total_q, 32] float32
+    int32 [batch + 1], sm_scale (finite) -> output [total_q, 32, 128] and lse [total_q, 32] float32
     (base 2), written in place. Causal, bottom-right aligned per sequence."""
     _check_query(q, "q", 3, "[total_q, 32, 128]")
     total_q = q.shape[0]
@@ -159,9 +159,9 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     if not (
         isinstance(sm_scale, (float, int))
         and not isinstance(sm_scale, bool)
-        and 0 < sm_scale < math.inf
+        and math.isfinite(sm_scale)
     ):
-        _fail("sm_scale", "a positive finite float", repr(sm_scale))
+        _fail("sm_scale", "a finite float", repr(sm_scale))
     _check_tensor(output, "output", q.shape, q.dtype, "[total_q, 32, 128] (of q)")
     _check_tensor(lse, "lse", (total_q, NUM_HEADS), torch.float32, "[total_q, 32]")
     _check_devices(_RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse))
@@ -172,6 +172,10 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
         output.zero_()
         lse.fill_(-math.inf)
         return
+    if sm_scale <= 0:
+        # The kernel folds the scale into exp2 after masking, which needs it positive:
+        # softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives softmax(1 * 0.k); both exact.
+        q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
     _kernel(q.dtype, True, q.device)(
         q, k, v, qo_indptr, kv_indptr, float(sm_scale), output, lse, _scheduler(q.get_device())
     )

@@ -247,6 +247,12 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
             "a Python float",
             sm_scale,
         )
+    if not 0 < sm_scale < math.inf:  # nan, inf, zero or negative
+        _expect(math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
+        # The kernel takes the row max of the unscaled logits, which is the max of the scaled
+        # ones only for a positive scale: softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives
+        # softmax(1 * 0.k); both exact.
+        q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
     launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
 
 

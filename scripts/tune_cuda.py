@@ -1,0 +1,117 @@
+"""On the GPU: kernel time of variants of the CUDA solution against FlashInfer fa3 on the big
+padded shapes and two ragged batches, interleaved (A B A B; the card heats up within a call),
+each checked against FlashInfer's output first. A variant is the packed solution with text
+replaced in attention_kernel.cuh (a constexpr knob), built under its own name. Prints a table.
+
+    TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flashinfer_bench.compile import BuilderRegistry  # noqa: E402
+
+from prefill_bundle.testing import (  # noqa: E402
+    PaddedCase,
+    RaggedCase,
+    build_solution,
+    load_definition,
+    load_solution,
+    make_inputs,
+    poisoned_outputs,
+)
+
+KERNEL = "attention_kernel.cuh"
+# name: [(text in attention_kernel.cuh, replacement)]; "default" is the file as it is.
+# Measured on the H100 (2026-11-24, kernel time vs FlashInfer fa3; see the CUDA issue notes):
+# FA3's ping-pong between the consumer warpgroups (named barriers around each warpgroup's
+# issue) changed nothing (0.81 / 0.91 / 0.89 with and without), and was removed; non-causal
+# with 128-key tiles 0.85, persistent 128-key non-causal 0.81, vs 0.89 for 176-key tiles.
+VARIANTS = {
+    "default": [],
+    "unfolded_scale": [  # scale the logits first (one FMUL each), then exp2(s - max)
+        ("mask_tile<kCausal>(s, t, 0,", "scale_and_mask<kCausal>(s, p.scale_log2, t, 0,"),
+        ("mask_tile<kCausal>(s, t, (n", "scale_and_mask<kCausal>(s, p.scale_log2, t, (n"),
+        ("rescale, p.scale_log2);", "rescale, 1.f);"),
+    ],
+}
+RAGGED_VARIANTS = tuple(VARIANTS)
+CASES = [
+    PaddedCase(8, 2048, 2048, True),
+    PaddedCase(1, 8192, 8192, True),
+    PaddedCase(1, 16384, 16384, False),
+    PaddedCase(4, 512, 512, True),
+    RaggedCase((2048, 512, 1024, 4096), (2048, 512, 1024, 4096)),
+    RaggedCase((64,) * 16, (1024,) * 16),
+]
+
+
+def clocks():
+    query = "--query-gpu=clocks.sm,temperature.gpu,power.draw"
+    return subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def build_variant(solution_name: str, variant: str):
+    if variant == "default":
+        return build_solution(solution_name)
+    solution = load_solution(solution_name)
+    sources = []
+    for source in solution.sources:
+        content = source.content
+        if source.path == KERNEL:
+            for old, new in VARIANTS[variant]:
+                assert old in content, f"{variant}: {old!r} is not in {KERNEL}"
+                content = content.replace(old, new)
+        sources.append(source.model_copy(update={"content": content}))
+    copy = solution.model_copy(update={"name": f"{solution_name}_{variant}", "sources": sources})
+    return BuilderRegistry.get_instance().build(load_definition(solution.definition), copy)
+
+
+def main():
+    variants = sys.argv[1:] or list(VARIANTS)
+    print("gpu at start:", clocks())
+    rows = []
+    for case in CASES:
+        suffix = "mini" if isinstance(case, PaddedCase) else "ragged"
+        solutions = {"flashinfer": build_solution(f"flashinfer_{suffix}")}
+        for variant in variants:
+            if suffix == "mini" or variant in RAGGED_VARIANTS:
+                solutions[variant] = build_variant(f"cuda_{suffix}", variant)
+        inputs = make_inputs(case, "cuda", seed=0)
+        outputs = {name: poisoned_outputs(case, inputs) for name in solutions}
+        for name, fn in solutions.items():
+            fn(*inputs, *outputs[name])
+        torch.cuda.synchronize()
+        expected = outputs["flashinfer"][0].float()
+        errors = {}
+        for name in solutions.keys() - {"flashinfer"}:
+            actual = outputs[name][0].float()
+            err = ((actual - expected).norm() / expected.norm()).item()
+            errors[name] = err if bool(torch.isfinite(actual).all()) else float("nan")
+        best = {name: float("inf") for name in solutions}
+        for _ in range(2):
+            for name, fn in solutions.items():
+                ms = triton.testing.do_bench(
+                    lambda: fn(*inputs, *outputs[name]), warmup=25, rep=150
+                )
+                best[name] = min(best[name], ms)
+        for name in solutions.keys() - {"flashinfer"}:
+            rows.append((case.id[:52], name, best["flashinfer"], best[name], errors[name]))
+    print("gpu at end:", clocks())
+    header = f"{'shape':52s} {'variant':16s} {'FI ms':>8s} {'ms':>8s} {'FI/x':>6s}"
+    print(f"\n{header} {'err vs FI':>9s}")
+    for shape, name, fi, ms, err in rows:
+        flag = "" if err < 5e-3 else " WRONG"
+        print(f"{shape:52s} {name:16s} {fi:8.4f} {ms:8.4f} {fi / ms:6.2f} {err:9.1e}{flag}")
+
+
+if __name__ == "__main__":
+    main()

@@ -139,9 +139,10 @@ SOLUTIONS = [
         entry_point="prefill_entry.cu::run_padded",
         sources=("prefill_entry.cu", "attention_kernel.cuh"),
         description="CUDA C++ flash attention forward, 32 tokens x the 4 query heads of a KV group "
-        "per 128-row tile. Built for sm_90a (TVM_FFI_CUDA_ARCH_LIST=9.0a): wgmma m64n128k16 from "
-        "swizzled shared memory, 128-key K/V tiles double-buffered by cp.async, P V overlapped "
-        "with the softmax; otherwise mma.sync/ldmatrix. Causal tiles skipped or masked.",
+        "per 128-row tile. Built for sm_90a (TVM_FFI_CUDA_ARCH_LIST=9.0a): warp-specialized, a TMA "
+        "producer warp feeding a 2-stage mbarrier ring, two wgmma consumer warpgroups (softmax "
+        "beside P V), causal persistent with a dynamic tile scheduler, 176-key tiles non-causal; "
+        "otherwise mma.sync/ldmatrix. Causal tiles skipped or masked.",
     ),
     SolutionSpec(
         name="cuda_ragged",
@@ -151,9 +152,11 @@ SOLUTIONS = [
         binding="tvm-ffi",
         entry_point="prefill_entry.cu::run_ragged",
         sources=("prefill_entry.cu", "attention_kernel.cuh"),
-        description="CUDA C++ flash attention forward over a ragged batch (wgmma on sm_90a, "
-        "mma.sync otherwise): grid sized from total_q and the batch, sequences found by a binary "
-        "search over qo_indptr in the kernel; writes the base-2 log-sum-exp.",
+        description="CUDA C++ flash attention forward over a ragged batch (warp-specialized "
+        "TMA + wgmma on sm_90a, mma.sync otherwise): work items sized from total_q and the batch "
+        "(no host sync), sequences found by a binary search over qo_indptr in the kernel, a "
+        "persistent grid drawing items from a per-stream counter; writes the base-2 "
+        "log-sum-exp.",
     ),
 ]
 

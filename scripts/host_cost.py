@@ -1,0 +1,84 @@
+"""On the GPU: where the time of a small call goes. For the short ragged workloads, per solution:
+host time per call (the GPU kept busy, so the Python side is what is measured), kernel time
+(do_bench) and flashinfer-bench's time (host + kernel, L2 flushed). For Triton, also the pieces
+of its entry point: the per-call checks, the JIT launch, and a launch of the compiled kernel.
+
+    python scripts/host_cost.py
+"""
+
+import inspect
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+from flashinfer_bench.bench.timing import time_runnable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs  # noqa: E402
+from prefill_bundle.workloads import RAGGED_BATCHES  # noqa: E402
+
+SOLUTIONS = ("flashinfer_ragged", "cuda_ragged", "tilelang_ragged", "triton_ragged")
+
+
+def host_us(fn, calls=400):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize()
+    return elapsed * 1e6
+
+
+def main():
+    runnables = {name: build_solution(name) for name in SOLUTIONS}
+    triton_mod = sys.modules[runnables["triton_ragged"].metadata.misc["module_name"]]
+    rows = []
+    for batch in RAGGED_BATCHES[:4]:
+        case = RaggedCase(batch.q_lens, batch.kv_lens)
+        inputs = make_inputs(case, "cuda", seed=0)
+        outputs = poisoned_outputs(case, inputs)
+        for name, fn in runnables.items():
+            call = lambda: fn(*inputs, *outputs)  # noqa: E731
+            bench = time_runnable(fn, inputs + outputs, 10, 50, "cuda") * 1e3
+            kernel = triton.testing.do_bench(call, warmup=10, rep=50) * 1e3
+            rows.append((batch.name, name, host_us(call), kernel, bench))
+        q, k, v, qo, kv, scale = inputs
+        out, lse = outputs
+        plan = triton_mod._plan_ragged(q, k, v, qo, kv, out, lse)
+        grid, meta, nseq, total_q, _ = plan
+        names = ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse")
+        tensors = (q, k, v, qo, kv, out, lse)
+        pieces = {
+            "triton: checks": lambda: triton_mod._check_placement(names, tensors),
+            "triton: launch_ragged": lambda: triton_mod.launch_ragged(plan, *inputs, *outputs),
+        }
+        jit = triton_mod.gqa_prefill_fwd
+        positional = (q, k, v, out, lse, qo, kv, nseq, 0, 0, scale * triton_mod.LOG2_E)
+        constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **meta)
+        launch_options = {key: constexprs.pop(key) for key in ("num_warps", "num_stages")}
+        try:
+            compiled = jit[grid](*positional, **constexprs, **launch_options)
+            bound = inspect.signature(jit.fn).bind(*positional, **constexprs)
+            args = tuple(bound.arguments[p] for p in inspect.signature(jit.fn).parameters)
+            runner = compiled[(*grid, 1)]
+            runner(*args)
+            pieces["triton: compiled launch"] = lambda: runner(*args)  # noqa: B023
+        except Exception as error:  # noqa: BLE001
+            print(f"compiled launch: {type(error).__name__}: {error}")
+        jit_args = dict(**constexprs, **launch_options)
+        pieces["triton: jit launch"] = lambda: jit[grid](*positional, **jit_args)  # noqa: B023
+        for label, fn in pieces.items():
+            rows.append((batch.name, label, host_us(fn), float("nan"), float("nan")))
+    print(f"\n{'workload':28s} {'entry':26s} {'host us':>8s} {'kernel us':>9s} {'bench us':>9s}")
+    for workload, name, host, kernel, bench in rows:
+        print(f"{workload:28s} {name:26s} {host:8.1f} {kernel:9.1f} {bench:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,6 @@ included), interleaved (A B A B) because the card heats up within a call; best o
     python scripts/compare_gpu.py triton_mini tilelang_mini triton_ragged
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from flashinfer_bench.bench.timing import time_runnable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prefill_bundle import MINI  # noqa: E402
+from prefill_bundle.gpu_timing import clocks  # noqa: E402
 from prefill_bundle.testing import (  # noqa: E402
     PaddedCase,
     RaggedCase,
@@ -33,13 +33,6 @@ PADDED = [
     PaddedCase(4, 128, 2048, True),
 ]
 RAGGED = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]
-
-
-def clocks():
-    query = "--query-gpu=clocks.sm,temperature.gpu,power.draw"
-    return subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip()
 
 
 def compare(names, baseline, cases):

@@ -8,31 +8,18 @@ of its entry point: the per-call checks, the JIT launch, and a launch of the com
 
 import inspect
 import sys
-import time
 from pathlib import Path
 
-import torch
 import triton.testing
 from flashinfer_bench.bench.timing import time_runnable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prefill_bundle.gpu_timing import host_us  # noqa: E402
 from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs  # noqa: E402
 from prefill_bundle.workloads import RAGGED_BATCHES  # noqa: E402
 
 SOLUTIONS = ("flashinfer_ragged", "cuda_ragged", "tilelang_ragged", "triton_ragged")
-
-
-def host_us(fn, calls=400):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = (time.perf_counter() - start) / calls
-    torch.cuda.synchronize()
-    return elapsed * 1e6
 
 
 def main():

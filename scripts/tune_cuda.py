@@ -6,7 +6,6 @@ replaced in attention_kernel.cuh (a constexpr knob), built under its own name. P
     TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashinfer_bench.compile import BuilderRegistry  # noqa: E402
 
+from prefill_bundle.gpu_timing import clocks  # noqa: E402
 from prefill_bundle.testing import (  # noqa: E402
     PaddedCase,
     RaggedCase,
@@ -50,13 +50,6 @@ CASES = [
     RaggedCase((2048, 512, 1024, 4096), (2048, 512, 1024, 4096)),
     RaggedCase((64,) * 16, (1024,) * 16),
 ]
-
-
-def clocks():
-    query = "--query-gpu=clocks.sm,temperature.gpu,power.draw"
-    return subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip()
 
 
 def build_variant(solution_name: str, variant: str):

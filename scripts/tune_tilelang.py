@@ -6,7 +6,6 @@ because the card heats up within a call. Writes nothing; prints a table.
 """
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prefill_bundle.gpu_timing import clocks  # noqa: E402
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
 
 CONFIGS = [
@@ -27,13 +27,6 @@ CONFIGS = [
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip
-
-
-def clocks():
-    query = "--query-gpu=clocks.sm,temperature.gpu,power.draw"
-    return subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip()
 
 
 def kernel_module():

@@ -8,7 +8,6 @@ the card heats up within a call. Writes nothing; prints tables.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prefill_bundle.gpu_timing import clocks, host_us  # noqa: E402
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
 
 # Measured on the H100 (2026-11-23, see issue notes): K/V through TMA descriptors and
@@ -39,15 +39,6 @@ BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
 SMALL = [PaddedCase(1, 128, 128, True), PaddedCase(4, 512, 512, True)]
 
 
-def clocks():
-    import subprocess
-
-    return subprocess.run(
-        ["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-
-
 def module_of(runnable):
     return sys.modules[runnable.metadata.misc["module_name"]]
 
@@ -55,18 +46,6 @@ def module_of(runnable):
 def launch_variant(triton_mod, meta, q, k, v, causal, out):
     plan = triton_mod._plan_padded(q, k, v, causal, out, config=meta)
     return lambda: triton_mod.launch_padded(plan, q, k, v, out)
-
-
-def host_overhead(fn, calls=300):
-    """Python time per call with the GPU kept busy: what a call costs the host."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls
-    torch.cuda.synchronize()
-    return host * 1e6
 
 
 def main():
@@ -108,7 +87,7 @@ def main():
         inputs = make_inputs(case, "cuda", seed=0)
         out = torch.empty_like(inputs[0])
         for name, fn in (("triton", tri), ("flashinfer", fi)):
-            overhead.append((case.id, name, host_overhead(lambda: fn(*inputs, out))))
+            overhead.append((case.id, name, host_us(lambda: fn(*inputs, out))))
     print("gpu at end:", clocks())
     print("\nconfigs:", json.dumps({f"cfg{i}": c for i, c in enumerate(CONFIGS)}))
     print(f"\n{'shape':40s} {'variant':12s} {'ms':>9s} {'FI/x':>6s}")

@@ -1,15 +1,15 @@
-// GQA prefill attention forward (FlashAttention-2 style) for head_dim 128, 32 query heads and
-// 8 KV heads, fp16 or bf16 in, fp32 accumulate. Two kernels: the portable one (mma.sync
-// m16n8k16, ldmatrix and cp.async; any sm_90 build), described here, and a Hopper one (wgmma,
-// sm_90a builds only), described at gqa_prefill_wgmma_kernel below; the host picks one.
+// GQA prefill attention forward for head_dim 128, 32 query heads and 8 KV heads, fp16 or bf16
+// in, fp32 accumulate. Two kernels: the portable one (FlashAttention-2 style: mma.sync m16n8k16,
+// ldmatrix and cp.async; any sm_90 build), described here, and a Hopper one (FlashAttention-3
+// style: TMA, wgmma, warp-specialized; sm_90a builds only), described at
+// gqa_prefill_wgmma_kernel below; the host picks one.
 //
-// One CTA = one query tile of one KV head (both kernels): BLOCK_M = 128 rows = 32 query tokens x the 4 query
-// heads of the KV group (row r is token r / 4, head 4 * kv_head + r % 4). The 4 heads are
-// contiguous in memory, so K/V tiles are loaded once for the group and a row of the tile is
-// one contiguous 256-byte row of q / out. 8 warps, each owning 16 rows.
-//
-// K/V tiles of BLOCK_N = 64 keys stream through shared memory (one K and one V buffer): V[n]
-// loads while S = Q K[n]^T is computed, K[n+1] loads while O += P V[n] is computed.
+// A work item = one query tile of one KV head (both kernels): BLOCK_M = 128 rows = 32 query
+// tokens x the 4 query heads of the KV group (row r is token r / 4, head 4 * kv_head + r % 4).
+// The 4 heads are contiguous in memory, so K/V tiles are loaded once for the group and a row of
+// the tile is one contiguous 256-byte row of q / out. Portable kernel: one CTA per item, 8 warps,
+// each owning 16 rows. K/V tiles of BLOCK_N = 64 keys stream through shared memory (one K and
+// one V buffer): V[n] loads while S = Q K[n]^T is computed, K[n+1] loads while O += P V[n] is.
 //
 // Causal masks are bottom-right aligned per sequence: query i sees key j iff
 // j <= i + seq_kv - seq_q. A row that sees no key ends with output 0 and lse -inf.
@@ -547,13 +547,14 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
 //   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
 //     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
 //     with S[n + 1] issued before P[n] V[n] so that the softmax of one tile runs while the
-//     tensor cores work on the other, and the scale folded into the exponentials (one FFMA
-//     per logit; the host runs the portable kernel for a scale <= 0); then the epilogue (normalize, lse, stage the rows in
-//     shared memory, 16-byte coalesced stores).
+//     tensor cores work on the other, O's rescale done before P V while Q K^T runs, and the
+//     scale folded into the exponentials (one FFMA per logit; the host runs the portable
+//     kernel for a scale <= 0); then the epilogue (normalize, lse, stage the rows in shared
+//     memory, 16-byte coalesced stores).
 // setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
 // Causal kernels are persistent: the grid is one CTA per SM, and the producer takes the next
-// item with an atomic add on a per-stream counter (Scheduler), items ordered heaviest first,
+// item with an atomic add on a per-stream counter (next_item), items ordered heaviest first,
 // so that SMs that drew short items take more. The last CTA to draw past the end zeroes the
 // counter, so the next launch on the stream finds it at 0 without a memset. While the
 // consumers finish an item, the producer already loads the next one's Q (causal tiles stage the

@@ -1,12 +1,12 @@
 """On the GPU: where the time of a small call goes. For the short ragged workloads, per solution:
 host time per call (the GPU kept busy, so the Python side is what is measured), kernel time
 (do_bench) and flashinfer-bench's time (host + kernel, L2 flushed). For Triton, also the pieces
-of its entry point: the per-call checks, the JIT launch, and a launch of the compiled kernel.
+of its entry point: the per-call checks, its launch, and what the JIT's own launch costs.
 
     python scripts/host_cost.py
 """
 
-import inspect
+import functools
 import sys
 from pathlib import Path
 
@@ -45,21 +45,11 @@ def main():
             "triton: checks": lambda: triton_mod._check_placement(names, tensors),
             "triton: launch_ragged": lambda: triton_mod.launch_ragged(plan, *inputs, *outputs),
         }
-        jit = triton_mod.gqa_prefill_fwd
-        positional = (q, k, v, out, lse, qo, kv, nseq, 0, 0, scale * triton_mod.LOG2_E)
+        # The JIT path that launch_ragged skips once warm (_launch in triton_prefill.py).
+        jit_args = (q, k, v, out, lse, qo, kv, nseq, 0, 0, scale * triton_mod.LOG2_E)
         constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **meta)
-        launch_options = {key: constexprs.pop(key) for key in ("num_warps", "num_stages")}
-        try:
-            compiled = jit[grid](*positional, **constexprs, **launch_options)
-            bound = inspect.signature(jit.fn).bind(*positional, **constexprs)
-            args = tuple(bound.arguments[p] for p in inspect.signature(jit.fn).parameters)
-            runner = compiled[(*grid, 1)]
-            runner(*args)
-            pieces["triton: compiled launch"] = lambda: runner(*args)  # noqa: B023
-        except Exception as error:  # noqa: BLE001
-            print(f"compiled launch: {type(error).__name__}: {error}")
-        jit_args = dict(**constexprs, **launch_options)
-        pieces["triton: jit launch"] = lambda: jit[grid](*positional, **jit_args)  # noqa: B023
+        launch = triton_mod.gqa_prefill_fwd[grid]
+        pieces["triton: jit launch"] = functools.partial(launch, *jit_args, **constexprs)
         for label, fn in pieces.items():
             rows.append((batch.name, label, host_us(fn), float("nan"), float("nan")))
     print(f"\n{'workload':28s} {'entry':26s} {'host us':>8s} {'kernel us':>9s} {'bench us':>9s}")

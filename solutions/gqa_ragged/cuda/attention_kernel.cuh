@@ -582,6 +582,7 @@ constexpr bool kEnableWgmmaPath = true;
 constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups
 constexpr int kConsumerThreads = 256;
 constexpr int kWgmmaStubThreads = 32;   // the stub's bound: "not compiled"
+constexpr int kKvStages = 2;  // K/V ring depth (each of K and V)
 constexpr uint32_t kQTileBytes = kBlockM * kHeadDim * 2;  // 32 KiB
 constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
 
@@ -592,7 +593,6 @@ struct HopperTiles {
   static constexpr bool kPersistent = kCausal;          // else one CTA per work item
   static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
   static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
-  static constexpr int kStages = 2;
   // setmaxnreg: 128 producer + 256 consumer threads share 64 K registers. 176-key score tiles
   // need 240 per consumer thread; with 128-key tiles the producer gets 32 (its ragged
   // sequence search spills at 24).
@@ -602,9 +602,9 @@ struct HopperTiles {
   // Byte offsets from the 1024-aligned base.
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
-  static constexpr uint32_t kV = kK + kStages * kKvTileBytes;
-  static constexpr uint32_t kO = kOwnOutputBuffer ? kV + kStages * kKvTileBytes : kQ;
-  static constexpr uint32_t kBarriers = kV + kStages * kKvTileBytes +
+  static constexpr uint32_t kV = kK + kKvStages * kKvTileBytes;
+  static constexpr uint32_t kO = kOwnOutputBuffer ? kV + kKvStages * kKvTileBytes : kQ;
+  static constexpr uint32_t kBarriers = kV + kKvStages * kKvTileBytes +
                                         (kOwnOutputBuffer ? kQTileBytes : 0);
   static constexpr uint32_t kSmemBytes = kBarriers + 256 + 1024;  // barriers, items, alignment
   static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
@@ -728,29 +728,22 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, uint32_t
 //       B from shared memory, MN-major (transposed: imm-trans-b = 1).
 // The operand lists: %0 .. %(N/2 - 1) are the accumulators.
 #define GQA_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define GQA_WGMMA_D128 "{" \
+#define GQA_REGS_0_63 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
   "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
   "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
-#define GQA_WGMMA_ACC128(d) \
-  GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),  \
-  GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),  \
-  GQA_ACC4(d, 10), GQA_ACC4(d, 11), GQA_ACC4(d, 12), GQA_ACC4(d, 13),  \
-  GQA_ACC4(d, 14), GQA_ACC4(d, 15)
-#define GQA_WGMMA_D176 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
-  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
-  "%82, %83, %84, %85, %86, %87" "}"
-#define GQA_WGMMA_ACC176(d) \
-  GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),  \
-  GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),  \
-  GQA_ACC4(d, 10), GQA_ACC4(d, 11), GQA_ACC4(d, 12), GQA_ACC4(d, 13),  \
-  GQA_ACC4(d, 14), GQA_ACC4(d, 15), GQA_ACC4(d, 16), GQA_ACC4(d, 17),  \
-  GQA_ACC4(d, 18), GQA_ACC4(d, 19), GQA_ACC4(d, 20), GQA_ACC4(d, 21)
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define GQA_WGMMA_D128 "{" GQA_REGS_0_63 "}"
+#define GQA_WGMMA_D176 "{" GQA_REGS_0_63 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
+#define GQA_WGMMA_ACC128(d)                                                                \
+  GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),          \
+      GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),      \
+      GQA_ACC4(d, 10), GQA_ACC4(d, 11), GQA_ACC4(d, 12), GQA_ACC4(d, 13), GQA_ACC4(d, 14), \
+      GQA_ACC4(d, 15)
+#define GQA_WGMMA_ACC176(d)                                                                 \
+  GQA_WGMMA_ACC128(d), GQA_ACC4(d, 16), GQA_ACC4(d, 17), GQA_ACC4(d, 18), GQA_ACC4(d, 19), \
+      GQA_ACC4(d, 20), GQA_ACC4(d, 21)
 
 // A_OP, B_OP, P_OP: the operand numbers after the N / 2 accumulators.
 #define GQA_DEFINE_WGMMA_SS(T, PTX_TYPE, N, A_OP, B_OP, P_OP)                               \
@@ -794,13 +787,15 @@ GQA_DEFINE_WGMMA_RS(__nv_bfloat16, "bf16")
 #undef GQA_WGMMA_ACC176
 #undef GQA_WGMMA_D128
 #undef GQA_WGMMA_D176
+#undef GQA_REGS_0_63
 #undef GQA_ACC4
 
 // Ring position of the i-th K/V tile (counted over all items of the CTA): stage and the parity
 // of its barriers' phase.
 struct RingSlot {
   uint32_t stage, parity;
-  __device__ __forceinline__ explicit RingSlot(uint32_t i) : stage(i % 2), parity((i / 2) & 1) {}
+  __device__ __forceinline__ explicit RingSlot(uint32_t i)
+      : stage(i % kKvStages), parity((i / kKvStages) & 1) {}
 };
 
 // The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.
@@ -838,9 +833,10 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
   // mbarriers (8 bytes each): full = data landed, empty = the consumers are done with it.
   const uint32_t bars = base + Tiles::kBarriers;
   const uint32_t q_full = bars, q_empty = bars + 8;
-  const uint32_t k_full = bars + 16, k_empty = bars + 32;  // + 8 * stage
-  const uint32_t v_full = bars + 48, v_empty = bars + 64;
-  const uint32_t item_full = bars + 80, item_empty = bars + 96;  // + 8 * item slot
+  const uint32_t k_full = bars + 16, k_empty = k_full + 8 * kKvStages;  // + 8 * stage
+  const uint32_t v_full = k_empty + 8 * kKvStages, v_empty = v_full + 8 * kKvStages;
+  const uint32_t item_full = v_empty + 8 * kKvStages, item_empty = item_full + 16;  // + 8 * slot
+  static_assert(16 + 4 * 8 * kKvStages + 32 <= 128, "the barriers end before the item slots");
   WorkItem* items =
       reinterpret_cast<WorkItem*>(wgmma_smem + (bars - raw_base) + 128);  // 2 slots
 
@@ -848,7 +844,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
   if (tid == 0) {
     mbarrier_init(q_full, 1);
     mbarrier_init(q_empty, kConsumerThreads);
-    for (int s = 0; s < Tiles::kStages; ++s) {
+    for (int s = 0; s < kKvStages; ++s) {
       mbarrier_init(k_full + 8 * s, 1);
       mbarrier_init(k_empty + 8 * s, kConsumerThreads);
       mbarrier_init(v_full + 8 * s, 1);

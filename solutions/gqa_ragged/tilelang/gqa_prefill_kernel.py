@@ -359,6 +359,17 @@ def gqa_prefill_ws(
     policy = T.GemmWarpPolicy.FullRow
 
     @T.macro
+    def LoadTile(source, shared, full, empty, g, kv_row, kv_head):
+        """Producer: the g-th K or V tile (counted over the CTA's items) into its ring slot, once
+        the consumers have released the slot's previous tile."""
+        stage = g % num_stages
+        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
+        T.tma_copy(
+            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
+        )
+        T.mbarrier_arrive(full[stage])
+
+    @T.macro
     def Step(
         k, ring, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars,
         seq_kv, q_pos0, scale_log2,
@@ -496,23 +507,9 @@ def gqa_prefill_ws(
                                 T.mbarrier_arrive(q_full[0])
                                 for k in T.serial(loop_range):
                                     g = ring[0] + k
-                                    stage = g % num_stages
-                                    phase = (g // num_stages) & 1
                                     kv_row = kv_start + k * block_N
-                                    T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-                                    T.tma_copy(
-                                        K[kv_row : kv_row + block_N, kv_head, :],
-                                        K_shared[stage, :, :],
-                                        barrier=k_full[stage],
-                                    )
-                                    T.mbarrier_arrive(k_full[stage])
-                                    T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                                    T.tma_copy(
-                                        V[kv_row : kv_row + block_N, kv_head, :],
-                                        V_shared[stage, :, :],
-                                        barrier=v_full[stage],
-                                    )
-                                    T.mbarrier_arrive(v_full[stage])
+                                    LoadTile(K, K_shared, k_full, k_empty, g, kv_row, kv_head)
+                                    LoadTile(V, V_shared, v_full, v_empty, g, kv_row, kv_head)
                                 items_done[0] = items_done[0] + 1
                                 ring[0] = ring[0] + loop_range
                             fetched[0] = fetched[0] + 1

@@ -103,6 +103,8 @@ RAGGED_ERRORS = {
     "kv_indptr_length_differs": ("kv_indptr", dict(kv_indptr=int32(4))),
     "sm_scale_tensor": ("sm_scale", dict(sm_scale=torch.tensor(0.1))),
     "sm_scale_string": ("sm_scale", dict(sm_scale="0.1")),
+    "sm_scale_nan": ("sm_scale", dict(sm_scale=float("nan"))),
+    "sm_scale_inf": ("sm_scale", dict(sm_scale=float("inf"))),
     "output_wrong_shape": ("output", dict(output=tensor(5, 32, 128, dtype=BF16))),
     "output_wrong_dtype": ("output", dict(output=tensor(4, 32, 128, dtype=F16))),
     "lse_wrong_dtype": ("lse", dict(lse=tensor(4, 32, dtype=BF16))),

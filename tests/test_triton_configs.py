@@ -23,6 +23,10 @@ CONFIGS = {
     "two_heads_per_tile": dict(HEADS_PER_TILE=2, **SMALL_BLOCKS),
     "one_head_per_tile": dict(HEADS_PER_TILE=1, **SMALL_BLOCKS),
     "wide_key_tiles": dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    # Two paired row blocks per tile (the big shapes' layout): 16 tokens a tile, so the cases'
+    # last tiles have an empty or partial second block, and causal diagonals cross both blocks.
+    "paired_row_blocks": dict(HEADS_PER_TILE=4, ROW_BLOCKS=2, **SMALL_BLOCKS),
+    "paired_row_blocks_two_heads": dict(HEADS_PER_TILE=2, ROW_BLOCKS=2, **SMALL_BLOCKS),
 }
 CASES = [
     PaddedCase(2, 37, 53, True),

@@ -1,13 +1,15 @@
 """FlashAttention-2 forward for GQA prefill in Triton: one kernel for padded and ragged batches.
 
 A program owns one query tile of one sequence for HEADS_PER_TILE query heads of one KV group:
-its BLOCK_M rows are (token, head) pairs, token-major, so with HEADS_PER_TILE = 4 the group's four
-heads share every K/V tile that the program loads, and a short sequence still fills the rows of a
-tl.dot. The Q tile is loaded once; K/V tiles stream through an online softmax kept in fp32 with
-exp2 (the softmax scale times log2(e) is folded into one multiply) and the accumulator is
-normalised once at the end. Causal masking is bottom-right aligned (query i sees key j iff
-j <= i + seq_kv - seq_q): KV tiles past the tile's last visible key are never visited, tiles that
-every row sees fully run without a mask, and only the tiles on the diagonal pay for one.
+its rows are (token, head) pairs, token-major, so with HEADS_PER_TILE = 4 the group's four heads
+share every K/V tile that the program loads, and a short sequence still fills the rows of a
+tl.dot. A tile is one row block of BLOCK_M rows, or on large shapes two, paired so that one's
+softmax runs while the tensor cores do the other's P V. The Q tile is loaded once; K/V tiles
+stream through an online softmax kept in fp32 with exp2 (the softmax scale times log2(e) is
+folded into one multiply) and the accumulator is normalised once at the end. Causal masking is
+bottom-right aligned (query i sees key j iff j <= i + seq_kv - seq_q): KV tiles past the tile's
+last visible key are never visited, tiles that every row sees fully run without a mask, and only
+the tiles on the diagonal pay for one.
 
 Padded batch: lengths are the runtime ints seq_q / seq_kv, sequence s starts at row s * seq_q.
 Ragged batch: lengths come from qo_indptr / kv_indptr, read in the kernel (no host sync).
@@ -32,6 +34,33 @@ def _round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
             return bits.to(tl.float32, bitcast=True)
         return x.to(dtype).to(tl.float32)
     return x.to(dtype)
+
+
+@triton.jit
+def _scores(q, k, INTERPRETED: tl.constexpr):
+    """q @ k^T in fp32 (the interpreter's bf16 dot is wrong: it multiplies in fp32 there)."""
+    if INTERPRETED:
+        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _accumulate(acc, alpha, p, v, INTERPRETED: tl.constexpr):
+    """acc * alpha + p @ v, p rounded to v's dtype (the second tl.dot takes the input dtype)."""
+    p = _round_to(p, v.dtype, INTERPRETED)
+    if INTERPRETED:
+        return tl.dot(p.to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+    return tl.dot(p, v, acc * alpha[:, None])
+
+
+@triton.jit
+def _softmax_unmasked(qk, m_i, l_i, qk_scale):
+    """The online-softmax step of a tile that every row sees completely: m_new is finite, so no
+    -inf guard; the scale is folded into one FMA per element. Returns p, alpha, m_new, l_new."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
@@ -74,10 +103,7 @@ def _attend_kv_tiles(
             k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
-        if INTERPRETED:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-        else:
-            qk = tl.dot(q, tl.trans(k))
+        qk = _scores(q, k, INTERPRETED)
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
@@ -89,27 +115,84 @@ def _attend_kv_tiles(
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(logits - m_shift[:, None])
             alpha = tl.math.exp2(m_i - m_shift)
-        else:
-            # Every row sees every key here, so m_new is finite: no -inf guard needed.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per element
-            alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
+            l_i = l_i * alpha + tl.sum(p, 1)
             # Keys past the sequence belong to another one or lie out of bounds: load zeros,
             # since p is 0 there but 0 * NaN would not be.
             v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
         else:
+            p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
             v = tl.load(v_ptrs)
-        p = _round_to(p, v.dtype, INTERPRETED)  # the second tl.dot takes the input dtype
-        if INTERPRETED:
-            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
-        else:
-            acc = tl.dot(p, v, acc * alpha[:, None])
+        acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
         v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
     return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_kv_tiles_paired(
+    acc_a,
+    m_a,
+    l_a,
+    acc_b,
+    m_b,
+    l_b,
+    q_a,
+    q_b,
+    k_seq,
+    v_seq,
+    kv_lo,
+    kv_hi,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    KV_TOKEN_STRIDE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """Unmasked tiles [kv_lo, kv_hi) for two row blocks a and b that share every K/V tile.
+
+    The order is the point (FA3's intra-warpgroup overlap, by hand): Triton 3.6 waits for a
+    Q K^T dot at once, but leaves a P V dot whose result is only carried in flight until the
+    next wait. So both Q K^T are issued first, then a's softmax, a's P V, b's softmax (while the
+    tensor cores run a's P V) and b's P V. One row block alone leaves the tensor cores idle
+    for its whole softmax.
+    """
+    key_offsets = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    k_ptrs = k_seq + kv_offsets
+    v_ptrs = v_seq + kv_offsets
+    for tile_start in range(kv_lo, kv_hi, BLOCK_N):
+        k = tl.load(k_ptrs)
+        qk_a = _scores(q_a, k, INTERPRETED)
+        qk_b = _scores(q_b, k, INTERPRETED)
+        p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
+        v = tl.load(v_ptrs)
+        acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
+        p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
+        acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
+        k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+    return acc_a, m_a, l_a, acc_b, m_b, l_b
+
+
+@triton.jit
+def _store_rows(acc, m_i, l_i, out, lse, row0, row_token, row_head, q_offsets, row_in_seq,
+                NUM_HEADS: tl.constexpr, Q_TOKEN_STRIDE: tl.constexpr, WRITE_LSE: tl.constexpr,
+                INTERPRETED: tl.constexpr):  # fmt: skip
+    """Normalise a row block once and write it (and its LSE) from flat token row0 on."""
+    # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
+    saw_key = l_i > 0.0
+    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    tl.store(
+        out + row0 * Q_TOKEN_STRIDE + q_offsets,
+        _round_to(acc, out.dtype.element_ty, INTERPRETED),
+        mask=row_in_seq[:, None],
+    )
+    if WRITE_LSE:
+        # log2(sum_j exp(sm_scale * q.k_j)) = m_i + log2(l_i); log of an empty sum is -inf.
+        row_lse = tl.where(saw_key, m_i + tl.math.log2(tl.where(saw_key, l_i, 1.0)), float("-inf"))
+        tl.store(lse + (row0 + row_token) * NUM_HEADS + row_head, row_lse, mask=row_in_seq)
 
 
 @triton.jit
@@ -148,15 +231,17 @@ def gqa_prefill_fwd(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr,  # query heads of one KV group packed into a tile's rows
-    BLOCK_M: tl.constexpr,  # rows of a tile: (BLOCK_M // HEADS_PER_TILE) tokens x heads
+    BLOCK_M: tl.constexpr,  # rows of a row block: (BLOCK_M // HEADS_PER_TILE) tokens x heads
     BLOCK_N: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,  # row blocks per tile: 1, or 2 paired (_attend_kv_tiles_paired)
     CAUSAL: tl.constexpr,
     RAGGED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
-    TOKENS_PER_TILE: tl.constexpr = BLOCK_M // HEADS_PER_TILE
+    BLOCK_TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_TILE
+    TOKENS_PER_TILE: tl.constexpr = ROW_BLOCKS * BLOCK_TOKENS
     Q_TOKEN_STRIDE: tl.constexpr = NUM_HEADS * HEAD_DIM
     KV_TOKEN_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
 
@@ -195,12 +280,12 @@ def gqa_prefill_fwd(
 
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
-    row_token = rows // HEADS_PER_TILE  # token of a row, relative to first_token
+    row_token = rows // HEADS_PER_TILE  # token of a row, relative to its row block's first
     row_head = first_head + rows % HEADS_PER_TILE
+    q_offsets = row_token[:, None] * Q_TOKEN_STRIDE + row_head[:, None] * HEAD_DIM + dims[None, :]
+    tile_row0 = q_start + first_token  # int64: first token of the tile in the flat layout
     query_pos = first_token + row_token  # position of a row's token in its sequence
     row_in_seq = query_pos < q_len
-    tile_row0 = q_start + first_token  # int64: first token of the tile in the flat layout
-    q_offsets = row_token[:, None] * Q_TOKEN_STRIDE + row_head[:, None] * HEAD_DIM + dims[None, :]
     q_tile = tl.load(
         q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
     )
@@ -209,11 +294,11 @@ def gqa_prefill_fwd(
     v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
 
     # Keys [0, kv_full_end) are visible to every row of the tile and need no mask; keys
-    # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end); keys from kv_end on
-    # are hidden from every row and never loaded.
+    # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end) of a row block; keys
+    # from its kv_end on are hidden from every row of the block and never loaded.
     if CAUSAL:
         causal_shift = kv_len - q_len
-        last_token = tl.minimum(first_token + TOKENS_PER_TILE, q_len) - 1
+        last_token = tl.minimum(first_token + BLOCK_TOKENS, q_len) - 1
         kv_end = tl.maximum(tl.minimum(last_token + causal_shift + 1, kv_len), 0)
         kv_all_rows_end = tl.maximum(tl.minimum(first_token + causal_shift + 1, kv_len), 0)
         kv_full_end = kv_all_rows_end // BLOCK_N * BLOCK_N
@@ -225,25 +310,45 @@ def gqa_prefill_fwd(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_kv_tiles(
-        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
-        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
-    )  # fmt: skip
+    if ROW_BLOCKS == 2:
+        # The tile's second row block: the next BLOCK_TOKENS tokens, the same heads.
+        query_pos_b = query_pos + BLOCK_TOKENS
+        row_in_seq_b = query_pos_b < q_len
+        q_tile_b = tl.load(
+            q + (tile_row0 + BLOCK_TOKENS) * Q_TOKEN_STRIDE + q_offsets,
+            mask=row_in_seq_b[:, None],
+            other=0.0,
+        )
+        if CAUSAL:
+            last_token_b = tl.minimum(first_token + 2 * BLOCK_TOKENS, q_len) - 1
+            kv_end_b = tl.maximum(tl.minimum(last_token_b + causal_shift + 1, kv_len), 0)
+        else:
+            kv_end_b = kv_len
+        acc_b = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        m_b = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, 0, kv_full_end,
+            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, INTERPRETED,
+        )  # fmt: skip
+        acc_b, m_b, l_b = _attend_kv_tiles(
+            acc_b, m_b, l_b, q_tile_b, k_seq, v_seq, query_pos_b, kv_full_end, kv_end_b, kv_len,
+            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+        )  # fmt: skip
+        _store_rows(
+            acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS, row_token, row_head, q_offsets,
+            row_in_seq_b, NUM_HEADS, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_kv_tiles(
+            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
+            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+        )  # fmt: skip
     acc, m_i, l_i = _attend_kv_tiles(
         acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len, causal_shift,
         qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
     )  # fmt: skip
-
-    # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
-    saw_key = l_i > 0.0
-    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
-    tl.store(
-        out + tile_row0 * Q_TOKEN_STRIDE + q_offsets,
-        _round_to(acc, out.dtype.element_ty, INTERPRETED),
-        mask=row_in_seq[:, None],
-    )
-    if WRITE_LSE:
-        # log2(sum_j exp(sm_scale * q.k_j)) = m_i + log2(l_i); log of an empty sum is -inf.
-        row_lse = tl.where(saw_key, m_i + tl.math.log2(tl.where(saw_key, l_i, 1.0)), float("-inf"))
-        lse_offsets = (tile_row0 + row_token) * NUM_HEADS + row_head
-        tl.store(lse + lse_offsets, row_lse, mask=row_in_seq)
+    _store_rows(
+        acc, m_i, l_i, out, lse, tile_row0, row_token, row_head, q_offsets, row_in_seq,
+        NUM_HEADS, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
+    )  # fmt: skip

@@ -35,8 +35,7 @@ from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # no
 CONFIGS = [
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=1, num_warps=8, num_stages=3),
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=3),
-    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=2),
-    dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, ROW_BLOCKS=2, num_warps=4, num_stages=2),
+    dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=4),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

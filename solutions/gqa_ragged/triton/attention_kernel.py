@@ -159,33 +159,71 @@ def _attend_kv_tiles_paired(
     """
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
-    k_ptrs = k_seq + kv_offsets
-    v_ptrs = v_seq + kv_offsets
+    # Scalar tile pointers and one int32 offset tensor that K and V share: 64-bit pointer
+    # tensors would cost registers this loop does not have.
+    kv_offsets = key_offsets[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    k_tile = k_seq + kv_lo * KV_TOKEN_STRIDE
+    v_tile = v_seq + kv_lo * KV_TOKEN_STRIDE
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
-        k = tl.load(k_ptrs)
+        k = tl.load(k_tile + kv_offsets)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
-        v = tl.load(v_ptrs)
+        v = tl.load(v_tile + kv_offsets)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
         acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
-        k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
-        v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        k_tile += BLOCK_N * KV_TOKEN_STRIDE
+        v_tile += BLOCK_N * KV_TOKEN_STRIDE
     return acc_a, m_a, l_a, acc_b, m_b, l_b
 
 
 @triton.jit
-def _store_rows(acc, m_i, l_i, out, lse, row0, row_token, row_head, q_offsets, row_in_seq,
-                NUM_HEADS: tl.constexpr, Q_TOKEN_STRIDE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                INTERPRETED: tl.constexpr):  # fmt: skip
-    """Normalise a row block once and write it (and its LSE) from flat token row0 on."""
+def _opaque(x, INTERPRETED: tl.constexpr):
+    """int32 x through a PTX mov the compiler cannot see through: what is computed from it is
+    computed where it is used, not shared with an identical expression computed earlier."""
+    if INTERPRETED:
+        return x
+    return tl.inline_asm_elementwise(
+        "mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _store_rows(
+    acc,
+    m_i,
+    l_i,
+    out,
+    lse,
+    row0,
+    tokens_left,
+    first_head,
+    BLOCK_M: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """Normalise a row block once and write its rows (and their LSE): BLOCK_M rows of
+    HEADS_PER_TILE heads from first_head on, tokens from flat row row0 on, of which the first
+    tokens_left lie inside the sequence.
+
+    The addresses are computed here from an opaque first_head: otherwise the compiler reuses
+    the Q tile's load addresses, and keeps them in registers through the K/V loops.
+    """
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_token = rows // HEADS_PER_TILE
+    row_head = _opaque(first_head, INTERPRETED) + rows % HEADS_PER_TILE
+    row_in_seq = row_token < tokens_left
     # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
     saw_key = l_i > 0.0
     acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    offsets = (row0 + row_token)[:, None] * (NUM_HEADS * HEAD_DIM) + row_head[:, None] * HEAD_DIM
     tl.store(
-        out + row0 * Q_TOKEN_STRIDE + q_offsets,
+        out + offsets + dims[None, :],
         _round_to(acc, out.dtype.element_ty, INTERPRETED),
         mask=row_in_seq[:, None],
     )
@@ -327,28 +365,36 @@ def gqa_prefill_fwd(
         acc_b = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         m_b = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
-            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, 0, kv_full_end,
-            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, INTERPRETED,
+        # The masked tiles first (the online softmax takes tiles in any order): then nothing
+        # but the output rows' addresses stays live across the paired loop, which needs every
+        # register it can get (255, spilling otherwise).
+        acc, m_i, l_i = _attend_kv_tiles(
+            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
+            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
         )  # fmt: skip
         acc_b, m_b, l_b = _attend_kv_tiles(
             acc_b, m_b, l_b, q_tile_b, k_seq, v_seq, query_pos_b, kv_full_end, kv_end_b, kv_len,
             causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
         )  # fmt: skip
+        acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, 0, kv_full_end,
+            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, INTERPRETED,
+        )  # fmt: skip
         _store_rows(
-            acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS, row_token, row_head, q_offsets,
-            row_in_seq_b, NUM_HEADS, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
+            acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,
+            q_len - first_token - BLOCK_TOKENS, first_head, BLOCK_M, HEADS_PER_TILE, HEAD_DIM,
+            NUM_HEADS, WRITE_LSE, INTERPRETED,
         )  # fmt: skip
     else:
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
             qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
         )  # fmt: skip
-    acc, m_i, l_i = _attend_kv_tiles(
-        acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len, causal_shift,
-        qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
-    )  # fmt: skip
+        acc, m_i, l_i = _attend_kv_tiles(
+            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
+            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+        )  # fmt: skip
     _store_rows(
-        acc, m_i, l_i, out, lse, tile_row0, row_token, row_head, q_offsets, row_in_seq,
-        NUM_HEADS, Q_TOKEN_STRIDE, WRITE_LSE, INTERPRETED,
+        acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M,
+        HEADS_PER_TILE, HEAD_DIM, NUM_HEADS, WRITE_LSE, INTERPRETED,
     )  # fmt: skip

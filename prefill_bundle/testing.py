@@ -81,11 +81,13 @@ GPU_PADDED_CASES = [PaddedCase(s.batch, s.seq_q, s.seq_kv, s.causal) for s in MI
     PaddedCase(1, 1, 4097, True),
     PaddedCase(2, 333, 777, False, torch.bfloat16),
     PaddedCase(1, 32768, 32768, True),
+    PaddedCase(1, 5000, 3000, True),  # big enough for Triton's paired row blocks; 2000 rows blind
 ]
 GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
     RaggedCase((1000, 0, 77), (300, 0, 77)),
     RaggedCase((129, 3, 511), (257, 0, 2049)),
     RaggedCase((32768,), (32768,)),
+    RaggedCase((4500, 37), (3000, 4000)),  # paired row blocks (Triton) with keyless rows
     RaggedCase((100, 200), (500, 400), torch.float16),
     # sm_scale is the caller's: zero (uniform weights) and negative are valid floats too.
     RaggedCase((100, 37), (100, 300), sm_scale=0.0),

@@ -32,6 +32,13 @@ from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # no
 # atomic counter, every sequence's heaviest tiles first, as the CUDA and TileLang kernels do)
 # measured 0.69 / 0.77 against 0.76 / 0.79 for one program per tile (same call): the loop around
 # the tile body costs Triton 3.6 more than the balance gains. Not kept.
+# 2026-11-24 (3), H100, kernel time on the three BIG shapes: two CTAs per SM (128 x 64, 2 stages,
+# maxnreg 128: 80-104 B spilled) 0.72 / 0.71 / 0.70 vs 0.74 / 0.77 / 0.72 for the default; 64 x 64
+# with 4 warps and 2 stages 0.64 / 0.61 / 0.57. Not kept. Kept: tiles of two paired 128-row blocks
+# (ROW_BLOCKS = 2, _attend_kv_tiles_paired): 0.80 / 0.84 / 0.79 first, 0.83 / 0.86 / 0.85 once the
+# output addresses stopped being kept live through the loops (88 -> 16-32 B spilled) vs 0.73 / 0.76
+# / 0.74 for one block (same call); 4 stages 0.80 / 0.84 / 0.81; 2 stages (before that fix)
+# 0.73 / 0.76 / 0.67. CONFIGS[1] is what the plans pick for the big shapes.
 CONFIGS = [
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=1, num_warps=8, num_stages=3),
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=3),

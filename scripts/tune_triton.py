@@ -38,7 +38,9 @@ from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # no
 # (ROW_BLOCKS = 2, _attend_kv_tiles_paired): 0.80 / 0.84 / 0.79 first, 0.83 / 0.86 / 0.85 once the
 # output addresses stopped being kept live through the loops (88 -> 16-32 B spilled) vs 0.73 / 0.76
 # / 0.74 for one block (same call); 4 stages 0.80 / 0.84 / 0.81; 2 stages (before that fix)
-# 0.73 / 0.76 / 0.67. CONFIGS[1] is what the plans pick for the big shapes.
+# 0.73 / 0.76 / 0.67. Then the diagonal tiles paired too (one masked paired loop instead of one
+# per block): 0.82 / 0.87 / 0.84, and causal batches of 4-8K tokens 0.76-0.77 vs 0.72-0.76 for
+# one block (.device A/B, same call). CONFIGS[1] is what the plans pick for the big shapes.
 CONFIGS = [
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=1, num_warps=8, num_stages=3),
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=3),

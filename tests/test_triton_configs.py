@@ -56,3 +56,18 @@ def test_config_matches_reference(config, case):
         plan = module._plan_ragged(q, k, v, qo, kv, *outputs, config=CONFIGS[config])
         module.launch_ragged(plan, *inputs, *outputs)
     check_outputs(outputs, reference_outputs(case, inputs))
+
+
+@pytest.mark.parametrize(
+    "batch, seq, causal, paired",
+    [(8, 2048, True, True), (1, 8192, True, True), (1, 16384, False, True), (4, 512, False, True),
+     (4, 512, True, False), (1, 128, True, False), (15, 65, True, False)],
+)  # fmt: skip
+def test_plans_pair_row_blocks_on_big_shapes(monkeypatch, batch, seq, causal, paired):
+    """The GPU plan (as on an H100's 132 SMs) runs paired row blocks where they were measured
+    to pay (see _launch_config), and tiles fit the sequence's tokens."""
+    module = triton_module("triton_mini")
+    monkeypatch.setattr(module, "INTERPRET", False)
+    meta = module._launch_config(seq, lambda t: batch * -(-seq // t), 132, causal)
+    assert (meta["ROW_BLOCKS"] == 2) == paired, meta
+    assert module._tokens_per_tile(meta) <= max(seq, 16), meta

@@ -64,6 +64,24 @@ def _softmax_unmasked(qk, m_i, l_i, qk_scale):
 
 
 @triton.jit
+def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift,
+                    CAUSAL: tl.constexpr):  # fmt: skip
+    """The online-softmax step of a tile that some rows see only in part (the causal diagonal,
+    or keys past the sequence's end): hidden logits are -inf. Returns p, alpha, m_new, l_new."""
+    visible = in_seq[None, :]
+    if CAUSAL:
+        visible = visible & (key_pos[None, :] <= query_pos[:, None] + causal_shift)
+    logits = tl.where(visible, qk * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, 1))
+    # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2 gives 0
+    # rather than NaN (-inf - -inf).
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(logits - m_shift[:, None])
+    alpha = tl.math.exp2(m_i - m_shift)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _attend_kv_tiles(
     acc,
     m_i,
@@ -105,17 +123,9 @@ def _attend_kv_tiles(
             k = tl.load(k_ptrs)
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
-            visible = in_seq[None, :]
-            if CAUSAL:
-                visible = visible & (key_pos[None, :] <= query_pos[:, None] + causal_shift)
-            logits = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(logits, 1))
-            # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2
-            # gives 0 rather than NaN (-inf - -inf).
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(logits - m_shift[:, None])
-            alpha = tl.math.exp2(m_i - m_shift)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_new, l_i = _softmax_masked(
+                qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift, CAUSAL
+            )
             # Keys past the sequence belong to another one or lie out of bounds: load zeros,
             # since p is 0 there but 0 * NaN would not be.
             v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
@@ -141,15 +151,21 @@ def _attend_kv_tiles_paired(
     q_b,
     k_seq,
     v_seq,
+    query_pos_a,
+    query_pos_b,
     kv_lo,
     kv_hi,
+    kv_len,
+    causal_shift,
     qk_scale,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     KV_TOKEN_STRIDE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """Unmasked tiles [kv_lo, kv_hi) for two row blocks a and b that share every K/V tile.
+    """_attend_kv_tiles for two row blocks a and b that share every K/V tile.
 
     The order is the point (FA3's intra-warpgroup overlap, by hand): Triton 3.6 waits for a
     Q K^T dot at once, but leaves a P V dot whose result is only carried in flight until the
@@ -165,13 +181,29 @@ def _attend_kv_tiles_paired(
     k_tile = k_seq + kv_lo * KV_TOKEN_STRIDE
     v_tile = v_seq + kv_lo * KV_TOKEN_STRIDE
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
-        k = tl.load(k_tile + kv_offsets)
+        if MASKED:
+            key_pos = tile_start + key_offsets
+            in_seq = key_pos < kv_len
+            k = tl.load(k_tile + kv_offsets, mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_tile + kv_offsets)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
-        p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
-        v = tl.load(v_tile + kv_offsets)
+        if MASKED:
+            p_a, alpha_a, m_a, l_a = _softmax_masked(
+                qk_a, m_a, l_a, qk_scale, key_pos, in_seq, query_pos_a, causal_shift, CAUSAL
+            )
+            v = tl.load(v_tile + kv_offsets, mask=in_seq[:, None], other=0.0)
+        else:
+            p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
+            v = tl.load(v_tile + kv_offsets)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
-        p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
+        if MASKED:
+            p_b, alpha_b, m_b, l_b = _softmax_masked(
+                qk_b, m_b, l_b, qk_scale, key_pos, in_seq, query_pos_b, causal_shift, CAUSAL
+            )
+        else:
+            p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
         acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
         k_tile += BLOCK_N * KV_TOKEN_STRIDE
         v_tile += BLOCK_N * KV_TOKEN_STRIDE
@@ -365,20 +397,19 @@ def gqa_prefill_fwd(
         acc_b = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         m_b = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
-        # The masked tiles first (the online softmax takes tiles in any order): then nothing
-        # but the output rows' addresses stays live across the paired loop, which needs every
-        # register it can get (255, spilling otherwise).
-        acc, m_i, l_i = _attend_kv_tiles(
-            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
-            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
-        )  # fmt: skip
-        acc_b, m_b, l_b = _attend_kv_tiles(
-            acc_b, m_b, l_b, q_tile_b, k_seq, v_seq, query_pos_b, kv_full_end, kv_end_b, kv_len,
-            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+        # The masked tiles first (the online softmax takes tiles in any order), both blocks at
+        # once: b's diagonal covers a's (b's tokens come later). Then nothing but the output
+        # rows' addresses stays live across the unmasked loop, which needs every register it
+        # can get (255, spilling otherwise).
+        acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
+            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale, BLOCK_N,
+            HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
-            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, 0, kv_full_end,
-            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, INTERPRETED,
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
+            query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM,
+            KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
         )  # fmt: skip
         _store_rows(
             acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,

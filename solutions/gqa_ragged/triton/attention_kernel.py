@@ -82,6 +82,15 @@ def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_s
 
 
 @triton.jit
+def _load_kv_tile(ptrs, in_seq, MASKED: tl.constexpr):
+    """One K or V tile. Masked: keys past the sequence belong to another one or lie out of
+    bounds, so they load as zeros (p is 0 there, but 0 * NaN would not be)."""
+    if MASKED:
+        return tl.load(ptrs, mask=in_seq[:, None], other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def _attend_kv_tiles(
     acc,
     m_i,
@@ -110,28 +119,21 @@ def _attend_kv_tiles(
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
     """
     key_offsets = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
-    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
     k_ptrs = k_seq + kv_offsets
     v_ptrs = v_seq + kv_offsets
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
-        if MASKED:
-            key_pos = tile_start + key_offsets
-            in_seq = key_pos < kv_len
-            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
+        key_pos = tile_start + key_offsets
+        in_seq = key_pos < kv_len  # only used when MASKED
+        k = _load_kv_tile(k_ptrs, in_seq, MASKED)
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
                 qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift, CAUSAL
             )
-            # Keys past the sequence belong to another one or lie out of bounds: load zeros,
-            # since p is 0 there but 0 * NaN would not be.
-            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
         else:
             p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
-            v = tl.load(v_ptrs)
+        v = _load_kv_tile(v_ptrs, in_seq, MASKED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
@@ -174,29 +176,24 @@ def _attend_kv_tiles_paired(
     for its whole softmax.
     """
     key_offsets = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
-    # Scalar tile pointers and one int32 offset tensor that K and V share: 64-bit pointer
-    # tensors would cost registers this loop does not have.
-    kv_offsets = key_offsets[:, None] * KV_TOKEN_STRIDE + dims[None, :]
+    # Scalar tile pointers and one int32 offset tensor that K and V share, in place of the 64-bit
+    # pointer tensors of _attend_kv_tiles: this loop needs every register.
+    kv_offsets = key_offsets[:, None] * KV_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
     k_tile = k_seq + kv_lo * KV_TOKEN_STRIDE
     v_tile = v_seq + kv_lo * KV_TOKEN_STRIDE
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
-        if MASKED:
-            key_pos = tile_start + key_offsets
-            in_seq = key_pos < kv_len
-            k = tl.load(k_tile + kv_offsets, mask=in_seq[:, None], other=0.0)
-        else:
-            k = tl.load(k_tile + kv_offsets)
+        key_pos = tile_start + key_offsets
+        in_seq = key_pos < kv_len  # only used when MASKED
+        k = _load_kv_tile(k_tile + kv_offsets, in_seq, MASKED)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
             p_a, alpha_a, m_a, l_a = _softmax_masked(
                 qk_a, m_a, l_a, qk_scale, key_pos, in_seq, query_pos_a, causal_shift, CAUSAL
             )
-            v = tl.load(v_tile + kv_offsets, mask=in_seq[:, None], other=0.0)
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
-            v = tl.load(v_tile + kv_offsets)
+        v = _load_kv_tile(v_tile + kv_offsets, in_seq, MASKED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(

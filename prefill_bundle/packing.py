@@ -1,5 +1,8 @@
 """Solution packing: kernel sources are real files under solutions/<op_type>/<backend>/; the
 Solution JSON beside them (sources embedded) is generated from them by scripts/generate.py.
+Python-language solutions of the bundle also embed the shared argument contract
+(prefill_bundle/arguments.py, as `arguments.py` beside their entry file), so each stays
+self-contained while the rules have one source.
 
 A new backend adds its entries to SOLUTIONS; nothing else needs to change.
 """
@@ -7,6 +10,7 @@ A new backend adds its entries to SOLUTIONS; nothing else needs to change.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from flashinfer_bench import Solution
 
@@ -30,6 +34,7 @@ class SolutionSpec:
     destination_passing_style: bool = True
     binding: str | None = None
     dependencies: tuple = ()
+    shared_sources: tuple = ()  # files of prefill_bundle/ embedded under the same name
 
     @property
     def folder(self):
@@ -94,7 +99,8 @@ SOLUTIONS = [
         backend="triton",
         language="triton",
         entry_point="triton_prefill.py::run_padded",
-        sources=("triton_prefill.py", "attention_kernel.py"),
+        sources=("triton_prefill.py", "attention_kernel.py", "ragged_batch.py"),
+        shared_sources=("arguments.py",),
         description="Triton FlashAttention-2 forward, the 4 query heads of a KV group packed "
         "into one tile, causal tiles skipped or masked only on the diagonal.",
     ),
@@ -104,7 +110,8 @@ SOLUTIONS = [
         backend="triton",
         language="triton",
         entry_point="triton_prefill.py::run_ragged",
-        sources=("triton_prefill.py", "attention_kernel.py"),
+        sources=("triton_prefill.py", "attention_kernel.py", "ragged_batch.py"),
+        shared_sources=("arguments.py",),
         description="Triton FlashAttention-2 forward over a ragged batch: grid sized from "
         "total_q and the batch, sequences found by a binary search over qo_indptr in the kernel.",
     ),
@@ -115,6 +122,7 @@ SOLUTIONS = [
         language="tilelang",
         entry_point="tilelang_prefill.py::run_padded",
         sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
         "pipeline); the padded batch runs as a ragged one, lengths symbolic.",
@@ -126,6 +134,7 @@ SOLUTIONS = [
         language="tilelang",
         entry_point="tilelang_prefill.py::run_ragged",
         sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
         "pipeline) over a ragged batch; all query tiles on one grid axis, lengths symbolic.",
@@ -163,6 +172,8 @@ SOLUTIONS = [
 
 def build_solution(spec: SolutionSpec) -> Solution:
     sources = [{"path": path, "content": (spec.folder / path).read_text()} for path in spec.sources]
+    shared = Path(__file__).parent
+    sources += [{"path": p, "content": (shared / p).read_text()} for p in spec.shared_sources]
     build = {
         "language": spec.language,
         "target_hardware": ["cuda"],

@@ -95,6 +95,23 @@ GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
 ]
 
 
+# q, k, v sliced out of one fused QKV projection (or padded to its token stride).
+CPU_FUSED_CASES = [
+    PaddedCase(2, 37, 37, True),
+    PaddedCase(1, 20, 45, False, torch.bfloat16),
+    RaggedCase((7, 0, 33), (7, 0, 33)),
+    RaggedCase((16, 5), (40, 3), torch.float16),
+]
+GPU_FUSED_CASES = [
+    PaddedCase(4, 512, 512, True),
+    PaddedCase(1, 8192, 8192, True),
+    PaddedCase(2, 300, 1000, False),
+    PaddedCase(1, 16384, 16384, False),
+    RaggedCase((1000, 1, 0, 2048), (1000, 1, 0, 2048)),
+    RaggedCase((4500, 37), (3000, 4000)),
+]
+
+
 def make_inputs(case, device, seed: int = 0) -> list:
     """Fresh random inputs in the definition's argument order."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -139,11 +156,11 @@ def reference_outputs(case, inputs) -> list:
 
 def poisoned_outputs(case, inputs) -> list:
     """Output buffers full of NaN, so that an element the kernel never writes shows."""
-    q = inputs[0]
+    q = inputs[0]  # maybe token-strided: the outputs are contiguous all the same
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     if isinstance(case, PaddedCase):
-        return [torch.full_like(q, float("nan"))]
-    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)
-    return [torch.full_like(q, float("nan")), lse]
+        return [out]
+    return [out, torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)]
 
 
 @lru_cache(maxsize=None)
@@ -203,3 +220,142 @@ def every_row_sees_a_key(case) -> bool:
     if isinstance(case, PaddedCase):
         return not case.causal or case.seq_q <= case.seq_kv
     return all(q == 0 or kv >= q for q, kv in zip(case.q_lens, case.kv_lens))
+
+
+# ---- Malformed batches (the input contract: README, "Malformed batches") --------------------
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass(frozen=True)
+class MalformedBatch:
+    """A ragged batch of 3 sequences whose indptr values are not a partition of the rows."""
+
+    name: str
+    qo_indptr: tuple
+    kv_indptr: tuple
+    total_q: int = 100
+    total_kv: int = 120
+    dtype: torch.dtype = torch.bfloat16
+    definition = RAGGED
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+
+_QO, _KV = (0, 30, 70, 100), (0, 40, 80, 120)
+MALFORMED_BATCHES = [
+    MalformedBatch("kv_end_past_total", _QO, (0, 40, 80, 200)),
+    MalformedBatch("kv_end_far_past_total", _QO, (0, 40, 80, 1 << 30)),
+    MalformedBatch("qo_end_past_total", (0, 30, 70, 150), _KV),
+    MalformedBatch("qo_end_far_past_total", (0, 30, 70, INT32_MAX), _KV),
+    MalformedBatch("qo_negative_length", (0, 50, 30, 100), _KV),
+    MalformedBatch("kv_negative_length", _QO, (0, 60, 40, 120)),
+    MalformedBatch("qo_negative_start", (-20, 30, 70, 100), _KV),
+    MalformedBatch("kv_negative_start", _QO, (-1000, 40, 80, 120)),
+    MalformedBatch("kv_int32_min", _QO, (0, 40, INT32_MIN, 120)),
+    MalformedBatch("qo_non_monotonic", (0, 70, 30, 100), _KV),
+    MalformedBatch("qo_not_starting_at_0", (10, 30, 70, 100), _KV),
+    MalformedBatch("kv_not_starting_at_0", _QO, (5, 40, 80, 120)),
+    MalformedBatch("qo_last_value_short", (0, 30, 70, 90), _KV),
+    MalformedBatch("kv_last_value_short", _QO, (0, 40, 80, 100)),
+    MalformedBatch("all_garbage", (7, -3, 1 << 30, 5), (99, 7, -8, INT32_MAX)),
+]
+
+
+def well_formed_sequences(qo_indptr, kv_indptr, total_q: int, total_kv: int) -> list:
+    """The sequences a kernel must still compute in a malformed batch: in both arrays, its range
+    lies in [0, rows], runs forward, no earlier entry exceeds its start and no later entry is
+    below its end (so no two of them share a row)."""
+
+    def ordered(a, rows, s):
+        start, end = a[s], a[s + 1]
+        return (
+            0 <= start <= end <= rows
+            and all(x <= start for x in a[:s])
+            and all(x >= end for x in a[s + 2 :])
+        )
+
+    return [
+        s
+        for s in range(len(qo_indptr) - 1)
+        if ordered(qo_indptr, total_q, s) and ordered(kv_indptr, total_kv, s)
+    ]
+
+
+def malformed_inputs(batch: MalformedBatch, device, seed: int = 0) -> list:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=batch.dtype)
+
+    return [
+        randn(batch.total_q, NUM_HEADS, HEAD_DIM),
+        randn(batch.total_kv, NUM_KV_HEADS, HEAD_DIM),
+        randn(batch.total_kv, NUM_KV_HEADS, HEAD_DIM),
+        torch.tensor(batch.qo_indptr, dtype=torch.int32, device=device),
+        torch.tensor(batch.kv_indptr, dtype=torch.int32, device=device),
+        1.0 / math.sqrt(HEAD_DIM),
+    ]
+
+
+def malformed_expected(batch: MalformedBatch, inputs) -> list:
+    """Rows of well-formed sequences as the reference computes them alone; every other row NaN."""
+    q, k, v, qo_indptr, kv_indptr, sm_scale = inputs
+    output = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)
+    qo, kv = batch.qo_indptr, batch.kv_indptr
+    for s in well_formed_sequences(qo, kv, batch.total_q, batch.total_kv):
+        rows, keys = slice(qo[s], qo[s + 1]), slice(kv[s], kv[s + 1])
+        seq_q, seq_kv = qo[s + 1] - qo[s], kv[s + 1] - kv[s]
+        one = [q[rows], k[keys], v[keys], lengths_to_indptr([seq_q]).to(q.device),
+               lengths_to_indptr([seq_kv]).to(q.device), sm_scale]  # fmt: skip
+        output[rows], lse[rows] = reference(RAGGED)(*one)
+    return [output, lse]
+
+
+def check_malformed_outputs(actual: list, expected: list) -> None:
+    """NaN exactly where expected; everywhere else the one correctness check."""
+    for name, got, want in zip(("output", "lse"), actual, expected):
+        got_nan, want_nan = got.isnan().cpu(), want.isnan().cpu()
+        if got.dim() == 3:  # a row is NaN as a whole, for every head
+            got_nan, want_nan = got_nan.all(-1), want_nan.all(-1)
+        assert torch.equal(got_nan, want_nan), (
+            f"{name}: NaN rows {got_nan.any(-1).nonzero().flatten().tolist()[:20]}, expected "
+            f"{want_nan.any(-1).nonzero().flatten().tolist()[:20]}"
+        )
+    keep = ~expected[1].isnan().all(-1)
+    if keep.any():
+        check_outputs([actual[0][keep], actual[1][keep]], [expected[0][keep], expected[1][keep]])
+
+
+# ---- Token-strided inputs: q, k, v sliced out of one fused QKV projection -------------------
+
+
+def fused_qkv_inputs(inputs: list) -> list:
+    """The same values, with q, k and v as views into one [tokens, (32 + 2 * 8) * 128] tensor
+    (equal lengths) or into per-tensor buffers padded to that token stride."""
+    q, k, v = inputs[:3]
+    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    lead = q.shape[:-2]
+
+    def strided(x, offset):
+        buffer = torch.full((*x.shape[:-2], width), float("nan"), dtype=x.dtype, device=x.device)
+        view = buffer[..., offset : offset + x.shape[-2] * HEAD_DIM].unflatten(-1, x.shape[-2:])
+        view.copy_(x)
+        return view
+
+    if k.shape[:-2] == lead:
+        qkv = torch.cat([q.flatten(-2), k.flatten(-2), v.flatten(-2)], dim=-1)
+        q_heads, kv_heads = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
+        views = [
+            qkv[..., :q_heads].unflatten(-1, (NUM_HEADS, HEAD_DIM)),
+            qkv[..., q_heads : q_heads + kv_heads].unflatten(-1, (NUM_KV_HEADS, HEAD_DIM)),
+            qkv[..., q_heads + kv_heads :].unflatten(-1, (NUM_KV_HEADS, HEAD_DIM)),
+        ]
+    else:
+        offset = NUM_HEADS * HEAD_DIM
+        views = [strided(q, 0), strided(k, offset), strided(v, offset + NUM_KV_HEADS * HEAD_DIM)]
+    assert all(not x.is_contiguous() or x.shape[-3] <= 1 for x in views)
+    return views + list(inputs[3:])

@@ -11,14 +11,17 @@ import torch
 
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.testing import (
+    CPU_FUSED_CASES,
     CPU_PADDED_CASES,
     CPU_RAGGED_CASES,
+    GPU_FUSED_CASES,
     GPU_PADDED_CASES,
     GPU_RAGGED_CASES,
     PaddedCase,
     RaggedCase,
     baselines_apply,
     check_outputs,
+    fused_qkv_inputs,
     make_inputs,
     reference_outputs,
     run_solution,
@@ -28,9 +31,11 @@ HAS_CUDA = torch.cuda.is_available()
 CPU_LANGUAGES = {"triton"}  # what can run here without a GPU
 
 
-def matrix(cpu_cases, gpu_cases):
+def matrix(cpu_cases, gpu_cases, baselines=True):
     params = []
     for spec in SOLUTIONS:
+        if spec.author == BASELINE_AUTHOR and not baselines:
+            continue
         for case in gpu_cases if HAS_CUDA else cpu_cases:
             if case.definition != spec.definition:
                 continue
@@ -59,6 +64,17 @@ def test_padded(solution, case):
 @pytest.mark.parametrize("solution,case", matrix(CPU_RAGGED_CASES, GPU_RAGGED_CASES))
 def test_ragged(solution, case):
     check_against_reference(solution, case)
+
+
+@pytest.mark.parametrize("solution,case", matrix(CPU_FUSED_CASES, GPU_FUSED_CASES, False))
+def test_fused_qkv_slices(solution, case):
+    """q, k, v as token-strided views (no copy) give what contiguous ones give."""
+    device = "cuda" if HAS_CUDA else "cpu"
+    inputs = make_inputs(case, device, seed=5)
+    expected = reference_outputs(case, inputs)
+    strided = fused_qkv_inputs(make_inputs(case, device, seed=5))
+    assert not strided[0].is_contiguous()
+    check_outputs(run_solution(solution, case, strided), expected)
 
 
 @pytest.mark.gpu

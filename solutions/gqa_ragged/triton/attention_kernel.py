@@ -18,6 +18,8 @@ Ragged batch: lengths come from qo_indptr / kv_indptr, read in the kernel (no ho
 import triton
 import triton.language as tl
 
+from .ragged_batch import find_sequence, is_partition, poison_uncovered_rows, well_formed
+
 
 @triton.jit
 def _round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
@@ -106,7 +108,8 @@ def _attend_kv_tiles(
     qk_scale,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    KV_TOKEN_STRIDE: tl.constexpr,
+    K_TOKEN_STRIDE: tl.constexpr,
+    V_TOKEN_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -119,9 +122,9 @@ def _attend_kv_tiles(
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
     """
     key_offsets = tl.arange(0, BLOCK_N)
-    kv_offsets = (kv_lo + key_offsets)[:, None] * KV_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
-    k_ptrs = k_seq + kv_offsets
-    v_ptrs = v_seq + kv_offsets
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    k_ptrs = k_seq + (kv_lo + key_offsets)[:, None] * K_TOKEN_STRIDE + dims
+    v_ptrs = v_seq + (kv_lo + key_offsets)[:, None] * V_TOKEN_STRIDE + dims
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
@@ -136,8 +139,8 @@ def _attend_kv_tiles(
         v = _load_kv_tile(v_ptrs, in_seq, MASKED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
-        k_ptrs += BLOCK_N * KV_TOKEN_STRIDE
-        v_ptrs += BLOCK_N * KV_TOKEN_STRIDE
+        k_ptrs += BLOCK_N * K_TOKEN_STRIDE
+        v_ptrs += BLOCK_N * V_TOKEN_STRIDE
     return acc, m_i, l_i
 
 
@@ -162,7 +165,8 @@ def _attend_kv_tiles_paired(
     qk_scale,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    KV_TOKEN_STRIDE: tl.constexpr,
+    K_TOKEN_STRIDE: tl.constexpr,
+    V_TOKEN_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -176,15 +180,20 @@ def _attend_kv_tiles_paired(
     for its whole softmax.
     """
     key_offsets = tl.arange(0, BLOCK_N)
-    # Scalar tile pointers and one int32 offset tensor that K and V share, in place of the 64-bit
-    # pointer tensors of _attend_kv_tiles: this loop needs every register.
-    kv_offsets = key_offsets[:, None] * KV_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
-    k_tile = k_seq + kv_lo * KV_TOKEN_STRIDE
-    v_tile = v_seq + kv_lo * KV_TOKEN_STRIDE
+    # Scalar tile pointers and one int32 offset tensor that K and V share (when their token
+    # strides agree, as in a fused QKV projection), in place of the 64-bit pointer tensors of
+    # _attend_kv_tiles: this loop needs every register.
+    k_offsets = key_offsets[:, None] * K_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
+    if V_TOKEN_STRIDE == K_TOKEN_STRIDE:
+        v_offsets = k_offsets
+    else:
+        v_offsets = key_offsets[:, None] * V_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
+    k_tile = k_seq + kv_lo * K_TOKEN_STRIDE
+    v_tile = v_seq + kv_lo * V_TOKEN_STRIDE
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
-        k = _load_kv_tile(k_tile + kv_offsets, in_seq, MASKED)
+        k = _load_kv_tile(k_tile + k_offsets, in_seq, MASKED)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
@@ -193,7 +202,7 @@ def _attend_kv_tiles_paired(
             )
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
-        v = _load_kv_tile(v_tile + kv_offsets, in_seq, MASKED)
+        v = _load_kv_tile(v_tile + v_offsets, in_seq, MASKED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(
@@ -202,8 +211,8 @@ def _attend_kv_tiles_paired(
         else:
             p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
         acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
-        k_tile += BLOCK_N * KV_TOKEN_STRIDE
-        v_tile += BLOCK_N * KV_TOKEN_STRIDE
+        k_tile += BLOCK_N * K_TOKEN_STRIDE
+        v_tile += BLOCK_N * V_TOKEN_STRIDE
     return acc_a, m_a, l_a, acc_b, m_b, l_b
 
 
@@ -262,38 +271,22 @@ def _store_rows(
         tl.store(lse + (row0 + row_token) * NUM_HEADS + row_head, row_lse, mask=row_in_seq)
 
 
-@triton.jit
-def _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE: tl.constexpr):
-    """The sequence that owns grid slot `slot` of a ragged batch.
-
-    Sequence s owns the slots [first(s), first(s + 1)) with first(s) = qo_indptr[s] // T + s:
-    that is at least cdiv(q_len, T) slots whatever the alignment of its first row (at most one
-    spare), and first(num_seqs) = total_q // T + num_seqs is the grid size. first() rises
-    strictly, so the owner is the last s with first(s) <= slot: a binary search over indptr.
-    """
-    lo = num_seqs * 0
-    hi = num_seqs
-    while lo + 1 < hi:  # invariant: first(lo) <= slot < first(hi)
-        mid = (lo + hi) // 2
-        owns = tl.load(qo_indptr + mid) // TOKENS_PER_TILE + mid <= slot
-        lo = tl.where(owns, mid, lo)
-        hi = tl.where(owns, hi, mid)
-    return lo
-
-
 @triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv"])
 def gqa_prefill_fwd(
-    q,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous (a padded batch flattened)
-    k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], contiguous; v likewise
+    q,  # [tokens, NUM_HEADS, HEAD_DIM], tokens Q_TOKEN_STRIDE apart (a padded batch flattened)
+    k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], tokens K_TOKEN_STRIDE apart; v likewise
     v,
-    out,  # like q
+    out,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous
     lse,  # [tokens, NUM_HEADS] fp32, base-2; only read when WRITE_LSE
     qo_indptr,  # [num_seqs + 1] int32; only read when RAGGED
     kv_indptr,
     num_seqs,
-    seq_q,  # padded lengths; unused when RAGGED
+    seq_q,  # padded: rows per sequence; ragged: total_q and total_kv, the rows of q and k
     seq_kv,
     qk_scale,  # sm_scale * log2(e)
+    Q_TOKEN_STRIDE: tl.constexpr,  # elements between consecutive tokens (fused QKV: 6144)
+    K_TOKEN_STRIDE: tl.constexpr,
+    V_TOKEN_STRIDE: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -309,8 +302,6 @@ def gqa_prefill_fwd(
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     BLOCK_TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_TILE
     TOKENS_PER_TILE: tl.constexpr = ROW_BLOCKS * BLOCK_TOKENS
-    Q_TOKEN_STRIDE: tl.constexpr = NUM_HEADS * HEAD_DIM
-    KV_TOKEN_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
 
     slot = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -323,12 +314,27 @@ def gqa_prefill_fwd(
     if RAGGED:
         if CAUSAL:
             slot = tl.num_programs(0) - 1 - slot
-        seq = _find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE)
+        seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE)
+        # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
+        # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
+        batch_ok = is_partition(qo_indptr, num_seqs, seq_q) & is_partition(
+            kv_indptr, num_seqs, seq_kv
+        )
+        if not batch_ok:
+            poison_uncovered_rows(
+                out, lse, qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv, slot, first_head,
+                TOKENS_PER_TILE, HEADS_PER_TILE, NUM_HEADS, HEAD_DIM, WRITE_LSE,
+            )  # fmt: skip
+            seq_ok = well_formed(
+                qo_indptr, kv_indptr, seq + tl.zeros([1], tl.int32), num_seqs, seq_q, seq_kv
+            )
+            batch_ok = tl.max(seq_ok.to(tl.int32), 0) == 1
         q_start = tl.load(qo_indptr + seq)
         q_len = tl.load(qo_indptr + seq + 1) - q_start
         kv_start = tl.load(kv_indptr + seq)
         kv_len = tl.load(kv_indptr + seq + 1) - kv_start
         tile = slot - (q_start // TOKENS_PER_TILE + seq)
+        q_len = tl.where(batch_ok, q_len, 0)  # not well-formed: compute nothing
         q_start = q_start.to(tl.int64)
         kv_start = kv_start.to(tl.int64)
     else:
@@ -342,7 +348,7 @@ def gqa_prefill_fwd(
         q_start = seq.to(tl.int64) * seq_q
         kv_start = seq.to(tl.int64) * seq_kv
     first_token = tile * TOKENS_PER_TILE
-    if first_token >= q_len:  # a ragged batch's spare slot
+    if first_token >= q_len or first_token < 0:  # a spare slot, or a malformed sequence
         return
 
     rows = tl.arange(0, BLOCK_M)
@@ -357,8 +363,8 @@ def gqa_prefill_fwd(
         q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
     )
 
-    k_seq = k + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
-    v_seq = v + kv_start * KV_TOKEN_STRIDE + kv_head * HEAD_DIM
+    k_seq = k + kv_start * K_TOKEN_STRIDE + kv_head * HEAD_DIM
+    v_seq = v + kv_start * V_TOKEN_STRIDE + kv_head * HEAD_DIM
 
     # Keys [0, kv_full_end) are visible to every row of the tile and need no mask; keys
     # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end) of a row block; keys
@@ -401,12 +407,12 @@ def gqa_prefill_fwd(
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
             query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale, BLOCK_N,
-            HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+            HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
             query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM,
-            KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+            K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
         )  # fmt: skip
         _store_rows(
             acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,
@@ -416,11 +422,12 @@ def gqa_prefill_fwd(
     else:
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
-            qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+            qk_scale, BLOCK_N, HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
-            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, KV_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, True,
+            INTERPRETED,
         )  # fmt: skip
     _store_rows(
         acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M,

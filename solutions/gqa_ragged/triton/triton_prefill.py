@@ -1,13 +1,14 @@
 """Triton GQA prefill attention: the entry points of both definitions, their argument checks and
 launch plans. The kernel is in attention_kernel.py.
 
-flashinfer-bench times the whole call, so run_*() only builds a key from shapes and dtypes, looks
-up the launch plan cached under it (grid and block sizes, never data pointers or indptr values),
-checks devices and layout, and launches once. Nothing here reads a device tensor: the ragged
-lengths stay on the GPU and the grid is sized from total_q and the batch size alone.
+flashinfer-bench times the whole call, so run_*() only builds a key from shapes, strides and
+dtypes, looks up the launch plan cached under it (grid and block sizes, never data pointers or
+indptr values), checks devices and alignment, and launches once. Nothing here reads a device
+tensor: the ragged lengths stay on the GPU and the grid is sized from total_q and the batch size
+alone; the kernel itself copes with indptr values that are not a partition (ragged_batch.py).
 
-Layout: every tensor must be contiguous (what flashinfer-bench passes). q, k, v and the outputs
-may be float16 or bfloat16 (both definitions), all of one dtype; lse is float32.
+The argument rules and messages are the bundle's shared contract (arguments.py): q, k, v may be
+token-strided (slices of a fused QKV projection), float16 or bfloat16, all of one dtype.
 """
 
 import functools
@@ -18,18 +19,31 @@ import os
 import torch
 import triton
 
+from .arguments import (
+    PADDED_NAMES,
+    RAGGED_NAMES,
+    VALIDATE,
+    PlanCache,
+    check_causal,
+    check_indptr_values,
+    check_layout,
+    check_padded_shapes,
+    check_placement,
+    check_ragged_shapes,
+    check_sm_scale,
+    token_stride,
+)
 from .attention_kernel import gqa_prefill_fwd
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS
 LOG2_E = 1.0 / math.log(2.0)
 PADDED_QK_SCALE = LOG2_E / math.sqrt(HEAD_DIM)  # the padded definition's fixed softmax scale
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Without a GPU the kernel runs in Triton's interpreter on CPU tensors (tests only).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-_padded_plans = {}
-_ragged_plans = {}
+_padded_plans = PlanCache()
+_ragged_plans = PlanCache()
 # The kernel's constexpr parameters, in signature order, after its 11 run-time arguments.
 _CONSTEXPRS = tuple(inspect.signature(gqa_prefill_fwd.fn).parameters)[11:]
 
@@ -102,134 +116,29 @@ def _tokens_per_tile(meta: dict) -> int:
     return meta["ROW_BLOCKS"] * meta["BLOCK_M"] // meta["HEADS_PER_TILE"]
 
 
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        dtype = str(x.dtype).removeprefix("torch.")
-        return f"a 0-d {dtype} tensor" if x.dim() == 0 else f"{dtype} {list(x.shape)}"
-    return f"{type(x).__name__} {x!r:.60}"
-
-
-def _expect(ok: bool, name: str, expected: str, got) -> None:
-    if not ok:
-        raise ValueError(f"{name}: expected {expected}, got {_describe(got)}")
-
-
-def _check_placement(names: tuple, tensors: tuple) -> None:
-    """Every call: one device (a GPU unless interpreted) and the contiguous layout the kernel
-    addresses. A few attribute reads; shapes and dtypes are checked once per plan."""
-    first = tensors[0]
-    index = first.get_device()  # -1 off the GPU; much cheaper to read than .device.type
-    if index < 0 and not INTERPRET:
-        raise ValueError(f"{names[0]}: expected a CUDA tensor, got one on {first.device}")
-    for name, tensor in zip(names, tensors):
-        if tensor.get_device() != index or (index < 0 and tensor.device != first.device):
-            raise ValueError(
-                f"{name}: expected a tensor on {first.device}, got one on {tensor.device}"
-            )
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor, got strides {tensor.stride()}")
-
-
 def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
-    """Check shapes and dtypes (once per shape) and plan the launch."""
-    is_tensor = isinstance(q, torch.Tensor)
-    _expect(
-        is_tensor and q.dtype in HALF_DTYPES and q.dim() == 4
-        and tuple(q.shape[2:]) == (NUM_HEADS, HEAD_DIM),
-        "q",
-        f"float16 or bfloat16 [batch, seq_q, {NUM_HEADS}, {HEAD_DIM}]",
-        q,
-    )  # fmt: skip
-    batch, seq_q = q.shape[0], q.shape[1]
-    dtype = str(q.dtype).removeprefix("torch.")
-    for name, x in (("k", k), ("v", v)):
-        _expect(
-            isinstance(x, torch.Tensor) and x.dtype == q.dtype and x.dim() == 4
-            and x.shape[0] == batch and tuple(x.shape[2:]) == (NUM_KV_HEADS, HEAD_DIM),
-            name,
-            f"{dtype} [{batch}, seq_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype and batch)",
-            x,
-        )  # fmt: skip
-    _expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
-    _expect(type(causal) in (bool, int) and causal in (0, 1), "causal", "a Python bool", causal)
-    _expect(
-        isinstance(out, torch.Tensor) and out.dtype == q.dtype and out.shape == q.shape,
-        "out",
-        f"{dtype} {list(q.shape)} (q's dtype and shape)",
-        out,
-    )
-    _check_placement(("q", "k", "v", "out"), (q, k, v, out))
-    seq_kv = k.shape[1]
+    """Check shapes, dtypes and strides (once per key) and plan the launch."""
+    batch, seq_q, seq_kv = check_padded_shapes(q, k, v, out)
+    check_layout(PADDED_NAMES, (q, k, v, out), INTERPRET)
+    causal = check_causal(causal)
     meta = dict(
         config
         or _launch_config(
-            seq_q, lambda t: batch * triton.cdiv(seq_q, t), _sm_count(q.device), bool(causal)
+            seq_q, lambda t: batch * triton.cdiv(seq_q, t), _sm_count(q.device), causal
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)
     grid = (batch * triton.cdiv(seq_q, _tokens_per_tile(meta)), NUM_HEADS // meta["HEADS_PER_TILE"])
-    meta.update(CAUSAL=bool(causal), RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
+    meta.update(CAUSAL=causal, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
+    meta.update(_strides(q, k, v))
     return grid, meta, batch, seq_q, seq_kv, {}
 
 
 def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tuple:
-    """Check shapes and dtypes (once per shape) and plan the launch. indptr values stay unread:
-    that total_q and total_kv match indptr[-1] is the caller's contract."""
-    _expect(
-        isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 3
-        and tuple(q.shape[1:]) == (NUM_HEADS, HEAD_DIM),
-        "q",
-        f"bfloat16 or float16 [total_q, {NUM_HEADS}, {HEAD_DIM}]",
-        q,
-    )  # fmt: skip
-    total_q = q.shape[0]
-    dtype = str(q.dtype).removeprefix("torch.")
-    for name, x in (("k", k), ("v", v)):
-        _expect(
-            isinstance(x, torch.Tensor) and x.dtype == q.dtype and x.dim() == 3
-            and tuple(x.shape[1:]) == (NUM_KV_HEADS, HEAD_DIM),
-            name,
-            f"{dtype} [total_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)",
-            x,
-        )  # fmt: skip
-    _expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
-    for name, x in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        _expect(
-            isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.dim() == 1
-            and x.shape[0] >= 1,
-            name,
-            "int32 [batch + 1]",
-            x,
-        )  # fmt: skip
-    _expect(
-        kv_indptr.shape == qo_indptr.shape,
-        "kv_indptr",
-        f"int32 {list(qo_indptr.shape)} (qo_indptr's shape)",
-        kv_indptr,
-    )
-    batch = qo_indptr.shape[0] - 1
-    if batch == 0 and (total_q > 0 or k.shape[0] > 0):
-        raise ValueError(
-            f"qo_indptr: expected at least one sequence for {total_q} query and {k.shape[0]} "
-            "key rows, got int32 [1]"
-        )
-    _expect(
-        isinstance(output, torch.Tensor) and output.dtype == q.dtype and output.shape == q.shape,
-        "output",
-        f"{dtype} {list(q.shape)} (q's dtype and shape)",
-        output,
-    )
-    _expect(
-        isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
-        and tuple(lse.shape) == (total_q, NUM_HEADS),
-        "lse",
-        f"float32 [{total_q}, {NUM_HEADS}]",
-        lse,
-    )  # fmt: skip
-    _check_placement(
-        ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse"),
-        (q, k, v, qo_indptr, kv_indptr, output, lse),
-    )
+    """Check shapes, dtypes and strides (once per key) and plan the launch. indptr values stay
+    unread on the host: the kernel checks them (see ragged_batch.py)."""
+    batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
+    check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
     meta = dict(
         config
@@ -238,24 +147,34 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tup
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)
-    # total_q // T + batch slots cover every sequence's tiles (see _find_sequence in the kernel).
+    # total_q // T + batch slots cover every sequence's tiles (see find_sequence).
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
-    return grid, meta, batch, total_q, {}
+    meta.update(_strides(q, k, v))
+    return grid, meta, batch, total_q, total_kv, {}
+
+
+def _strides(q, k, v) -> dict:
+    """The token strides, compiled in: a fused QKV projection's slices get a kernel of their own,
+    and contiguous tensors keep the code they had."""
+    return dict(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=token_stride(k),
+                V_TOKEN_STRIDE=token_stride(v))  # fmt: skip
 
 
 def run_padded(q, k, v, causal, out):
+    causal = check_causal(causal)
     try:
-        key = (q.shape, k.shape, v.shape, out.shape, q.dtype, k.dtype, v.dtype, out.dtype, causal)
-        plan = _padded_plans.get(key)
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable causal
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype,
+               k.dtype, v.dtype, out.dtype, v.shape, out.shape, causal)  # fmt: skip
+        plan = _padded_plans.lookup(key)
+    except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
         plan = _plan_padded(q, k, v, causal, out)  # raises ValueError on a bad argument
         if key is not None:
-            _padded_plans[key] = plan
+            _padded_plans.store(key, plan)
     else:
-        _check_placement(("q", "k", "v", "out"), (q, k, v, out))
+        check_placement(PADDED_NAMES, (q, k, v, out), INTERPRET)
     launch_padded(plan, q, k, v, out)
 
 
@@ -268,42 +187,41 @@ def launch_padded(plan, q, k, v, out):
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+    sm_scale = check_sm_scale(sm_scale)
     try:
         key = (
-            q.shape, k.shape, v.shape, qo_indptr.shape, kv_indptr.shape, output.shape, lse.shape,
-            q.dtype, k.dtype, v.dtype, qo_indptr.dtype, kv_indptr.dtype, output.dtype, lse.dtype,
+            q.shape, k.shape, q.stride(), k.stride(), v.stride(), qo_indptr.shape, q.dtype,
+            k.dtype, v.dtype, qo_indptr.dtype, kv_indptr.dtype, output.dtype, lse.dtype,
+            v.shape, kv_indptr.shape, output.shape, lse.shape,
         )  # fmt: skip
-        plan = _ragged_plans.get(key)
+        plan = _ragged_plans.lookup(key)
     except AttributeError:  # not a tensor
         key = plan = None
+    names, tensors = RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse)
     if plan is None:
-        plan = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse)
+        plan = _plan_ragged(*tensors)
         if key is not None:
-            _ragged_plans[key] = plan
+            _ragged_plans.store(key, plan)
     else:
-        _check_placement(
-            ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse"),
-            (q, k, v, qo_indptr, kv_indptr, output, lse),
-        )
-    if type(sm_scale) is not float:
-        _expect(
-            type(sm_scale) is int or isinstance(sm_scale, float),
-            "sm_scale",
-            "a Python float",
-            sm_scale,
-        )
-    if not 0 < sm_scale < math.inf:  # nan, inf, zero or negative
-        _expect(math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
+        check_placement(names, tensors, INTERPRET)
+    if VALIDATE:
+        check_indptr_values(qo_indptr, kv_indptr, q.shape[0], k.shape[0])
+    if sm_scale <= 0:
         # The kernel takes the row max of the unscaled logits, which is the max of the scaled
         # ones only for a positive scale: softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives
-        # softmax(1 * 0.k); both exact.
-        q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
+        # softmax(1 * 0.k); both exact. (q keeps its strides: the plan compiled them in.)
+        same_strides = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device)
+        if sm_scale < 0:
+            q, sm_scale = torch.neg(q, out=same_strides), -sm_scale
+        else:
+            q, sm_scale = same_strides.zero_(), 1.0
     launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
 
 
 def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
-    grid, meta, batch, total_q, runners = plan
+    grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write
-    args = (q, k, v, output, lse, qo_indptr, kv_indptr, batch, 0, 0, sm_scale * LOG2_E)
+    args = (q, k, v, output, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
+            sm_scale * LOG2_E)  # fmt: skip
     _launch(grid, meta, runners, args)

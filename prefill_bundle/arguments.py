@@ -1,0 +1,230 @@
+"""The argument contract of both definitions, written once.
+
+packing.py embeds this file into every Python-language solution of the bundle (as
+`arguments.py` beside its entry file), so each solution stays self-contained; the CUDA entry
+(solutions/gqa_ragged/cuda/prefill_entry.cu) implements the same rules with the same messages,
+and tests/test_arguments.py runs one error table against every backend. It imports nothing from
+the rest of the bundle.
+
+Every error is a ValueError "<argument>: expected <what>, got <what it was>", raised before
+anything is launched. The rules:
+- q, k, v: float16 or bfloat16, all of q's dtype; [batch, seq, heads, 128] (padded) or
+  [tokens, heads, 128] (ragged), 32 query and 8 key/value heads. Layout: the last dim
+  contiguous, heads dense (stride 128), any token stride that is a multiple of 8 elements (16
+  bytes), a 16-byte aligned data pointer: what slicing q, k, v out of one fused QKV projection
+  gives. A padded tensor's batch stride must be seq * its token stride (tokens evenly spaced).
+- out / output: q's dtype and shape, contiguous; lse float32 [total_q, 32], contiguous.
+- qo_indptr, kv_indptr: int32 [batch + 1], contiguous, batch >= 1 when there are rows.
+  Their values are not read on the default path (that would need a host sync): kernels stay
+  inside their tensors whatever they hold, and rows they cannot get right come back NaN. With
+  PREFILL_BUNDLE_VALIDATE=1 they are copied to the host and checked on every call.
+- causal: a Python bool or a 0-d bool tensor, checked on every call. sm_scale: a finite real
+  number (Python float or int, not bool), checked on every call.
+- All tensors on one CUDA device (a CPU one only where a backend runs interpreted).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import OrderedDict
+
+import torch
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit dtype: the kernels' vector and TMA loads
+# Debugging mode: check indptr values on the host before every launch (one device-to-host copy
+# and a stream sync per call).
+VALIDATE = os.environ.get("PREFILL_BUNDLE_VALIDATE", "0") == "1"
+
+PADDED_INPUTS = ("q", "k", "v")
+RAGGED_NAMES = ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse")
+PADDED_NAMES = ("q", "k", "v", "out")
+
+
+def describe(x) -> str:
+    """'bfloat16 [2, 5, 32, 128]', 'a 0-d float32 tensor' or 'list [[0.0]]'."""
+    if isinstance(x, torch.Tensor):
+        dtype = str(x.dtype).removeprefix("torch.")
+        return f"a 0-d {dtype} tensor" if x.dim() == 0 else f"{dtype} {list(x.shape)}"
+    return f"{type(x).__name__} {x!r:.60}"
+
+
+def fail(name: str, expected: str, got: str) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def expect(ok: bool, name: str, expected: str, x) -> None:
+    if not ok:
+        fail(name, expected, describe(x))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _expect_tensor(x, name: str, dtype: torch.dtype, shape: tuple, what: str) -> None:
+    """shape: extents, None for any."""
+    ok = (
+        isinstance(x, torch.Tensor)
+        and x.dtype == dtype
+        and x.dim() == len(shape)
+        and all(want is None or got == want for got, want in zip(x.shape, shape))
+    )
+    expect(ok, name, f"{_dtype_name(dtype)} {what}", x)
+
+
+def check_padded_shapes(q, k, v, out) -> tuple:
+    """Shapes and dtypes of the padded definition (once per shape): (batch, seq_q, seq_kv)."""
+    expect(
+        isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 4
+        and tuple(q.shape[2:]) == (NUM_HEADS, HEAD_DIM),
+        "q", f"float16 or bfloat16 [batch, seq_q, {NUM_HEADS}, {HEAD_DIM}]", q,
+    )  # fmt: skip
+    batch, seq_q = q.shape[0], q.shape[1]
+    kv = (batch, None, NUM_KV_HEADS, HEAD_DIM)
+    what = f"[{batch}, seq_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype and batch)"
+    _expect_tensor(k, "k", q.dtype, kv, what)
+    _expect_tensor(v, "v", q.dtype, kv, what)
+    expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
+    _expect_tensor(out, "out", q.dtype, tuple(q.shape), f"{list(q.shape)} (q's dtype and shape)")
+    return batch, seq_q, k.shape[1]
+
+
+def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
+    """Shapes and dtypes of the ragged definition (once per shape): (batch, total_q, total_kv)."""
+    expect(
+        isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 3
+        and tuple(q.shape[1:]) == (NUM_HEADS, HEAD_DIM),
+        "q", f"bfloat16 or float16 [total_q, {NUM_HEADS}, {HEAD_DIM}]", q,
+    )  # fmt: skip
+    total_q = q.shape[0]
+    kv = (None, NUM_KV_HEADS, HEAD_DIM)
+    _expect_tensor(k, "k", q.dtype, kv, f"[total_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)")
+    _expect_tensor(v, "v", q.dtype, kv, f"[total_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)")
+    expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
+    total_kv = k.shape[0]
+    _expect_tensor(qo_indptr, "qo_indptr", torch.int32, (None,), "[batch + 1]")
+    expect(qo_indptr.shape[0] >= 1, "qo_indptr", "int32 [batch + 1]", qo_indptr)
+    size = qo_indptr.shape[0]
+    _expect_tensor(kv_indptr, "kv_indptr", torch.int32, (size,), f"[{size}] (qo_indptr's shape)")
+    batch = size - 1
+    if batch == 0 and (total_q > 0 or total_kv > 0):
+        fail(
+            "qo_indptr",
+            f"at least one sequence for {total_q} query and {total_kv} key rows",
+            describe(qo_indptr),
+        )
+    what = f"{list(q.shape)} (q's dtype and shape)"
+    _expect_tensor(output, "output", q.dtype, tuple(q.shape), what)
+    _expect_tensor(lse, "lse", torch.float32, (total_q, NUM_HEADS), f"[{total_q}, {NUM_HEADS}]")
+    return batch, total_q, total_kv
+
+
+def check_causal(causal) -> bool:
+    """Every call: a Python bool, or a 0-d bool tensor (read on the host: a sync if on a GPU)."""
+    if type(causal) is bool:
+        return causal
+    if isinstance(causal, torch.Tensor) and causal.dim() == 0 and causal.dtype == torch.bool:
+        return bool(causal)
+    fail("causal", "a Python bool or a 0-d bool tensor", describe(causal))
+
+
+def check_sm_scale(sm_scale) -> float:
+    """Every call: any finite real number (zero and negative scales are valid softmax scales)."""
+    if type(sm_scale) is float and -math.inf < sm_scale < math.inf:
+        return sm_scale  # the common case, in one comparison
+    ok = isinstance(sm_scale, (float, int)) and not isinstance(sm_scale, bool)
+    expect(ok and math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
+    return float(sm_scale)
+
+
+def token_stride(x: torch.Tensor) -> int:
+    """Elements between consecutive tokens of q, k or v (padded: batch and seq flattened)."""
+    for dim in range(x.dim() - 3, -1, -1):  # the token dims, innermost first
+        if x.shape[dim] > 1:
+            return x.stride(dim)
+    return x.shape[-2] * x.shape[-1]
+
+
+def strides_ok(x: torch.Tensor) -> bool:
+    """The layout the kernels address: last dim contiguous, heads dense, a 16-byte aligned token
+    stride; a padded tensor's batch stride seq times its token stride (tokens evenly spaced)."""
+    if x.stride(-1) != 1 and x.shape[-1] > 1 or x.stride(-2) != x.shape[-1] and x.shape[-2] > 1:
+        return False
+    step = token_stride(x)
+    if step % ALIGN_ELEMENTS or step < x.shape[-2] * x.shape[-1]:
+        return False
+    return x.dim() == 3 or x.shape[0] <= 1 or x.shape[1] <= 1 or x.stride(0) == x.shape[1] * step
+
+
+def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
+    """The layout each tensor must have (q, k, v token-strided, the rest contiguous), then
+    check_placement. Strides are part of a launch plan's key: this runs once per key."""
+    for name, x in zip(names, tensors):
+        if name in PADDED_INPUTS:
+            if not strides_ok(x):
+                fail(
+                    name,
+                    "the last dim contiguous, heads dense and a token stride that is a multiple "
+                    f"of {ALIGN_ELEMENTS} elements",
+                    f"{describe(x)} with strides {list(x.stride())}",
+                )
+        elif not x.is_contiguous():
+            fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
+    check_placement(names, tensors, interpreted)
+
+
+def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
+    """Every call: 16-byte aligned data pointers and one device (a GPU unless interpreted)."""
+    for name, x in zip(names, tensors):
+        if x.data_ptr() % 16:
+            fail(name, "a 16-byte aligned data pointer", hex(x.data_ptr()))
+    first = tensors[0]
+    index = first.get_device()  # -1 off the GPU; much cheaper to read than .device.type
+    if index < 0 and not interpreted:
+        fail(names[0], "a CUDA tensor", f"one on {first.device}")
+    for name, x in zip(names[1:], tensors[1:]):
+        if x.get_device() != index or (index < 0 and x.device != first.device):
+            fail(name, f"a tensor on {first.device} ({names[0]}'s device)", f"one on {x.device}")
+
+
+def check_indptr_values(qo_indptr, kv_indptr, total_q: int, total_kv: int) -> None:
+    """PREFILL_BUNDLE_VALIDATE=1: both indptr arrays are partitions, 0 = p0 <= ... <= pn = total.
+    Names the array and its first bad position. Costs a device-to-host copy (a sync)."""
+    for name, indptr, total, rows in (
+        ("qo_indptr", qo_indptr, total_q, "total_q"),
+        ("kv_indptr", kv_indptr, total_kv, "total_kv"),
+    ):
+        values = indptr.tolist()
+        expected = f"non-decreasing values from 0 to {rows} = {total}"
+        if values[0] != 0:
+            fail(name, expected, f"{name}[0] = {values[0]}")
+        for i in range(1, len(values)):
+            if values[i] < values[i - 1]:
+                got = f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
+                fail(name, expected, got)
+        if values[-1] != total:
+            fail(name, expected, f"{name}[{len(values) - 1}] = {values[-1]}")
+
+
+class PlanCache(OrderedDict):
+    """Launch plans by shape key, least recently used dropped past `capacity`: a long-running
+    server sees unboundedly many shapes."""
+
+    def __init__(self, capacity: int = 256):
+        super().__init__()
+        self.capacity = capacity
+
+    def lookup(self, key):
+        plan = self.get(key)
+        if plan is not None:
+            self.move_to_end(key)
+        return plan
+
+    def store(self, key, plan):
+        self[key] = plan
+        if len(self) > self.capacity:
+            self.popitem(last=False)
+        return plan

@@ -1,0 +1,68 @@
+"""Malformed ragged batches (indptr values that are not a partition) never crash, never touch
+memory outside the tensors, and never come back silently plausible: rows of well-formed
+sequences are right, every other row is NaN (output and lse). See README, "Malformed batches".
+
+Every bundle solution of the ragged definition runs here on a GPU; without one, Triton under its
+interpreter. q, k and v lie inside NaN-filled guard buffers: a read outside them would turn a
+well-formed row NaN, and a write outside the outputs would change a guard.
+scripts/sanitize_malformed.py runs the same list under compute-sanitizer memcheck on the GPU.
+"""
+
+import pytest
+import torch
+
+from prefill_bundle import RAGGED
+from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
+from prefill_bundle.testing import (
+    MALFORMED_BATCHES,
+    build_solution,
+    check_malformed_outputs,
+    malformed_expected,
+    malformed_inputs,
+    well_formed_sequences,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+GUARD = 4096  # elements of NaN before and after every tensor
+
+
+def solutions():
+    names = [s.name for s in SOLUTIONS if s.definition == RAGGED and s.author != BASELINE_AUTHOR]
+    return names if HAS_CUDA else [n for n in names if n.startswith("triton")]
+
+
+def guarded(x: torch.Tensor, fill=float("nan")):
+    """x's values in the middle of a buffer filled with `fill`; returns (view, buffer)."""
+    buffer = torch.full((2 * GUARD + x.numel(),), fill, dtype=x.dtype, device=x.device)
+    view = buffer[GUARD : GUARD + x.numel()].view(x.shape)
+    view.copy_(x)
+    return view, buffer
+
+
+def test_well_formed_sequences_rule():
+    """The rule itself, on hand-made cases."""
+    assert well_formed_sequences((0, 30, 70, 100), (0, 40, 80, 120), 100, 120) == [0, 1, 2]
+    assert well_formed_sequences((0, 30, 70, 100), (0, 40, 80, 200), 100, 120) == [0, 1]
+    assert well_formed_sequences((0, 50, 30, 100), (0, 40, 80, 120), 100, 120) == []
+    assert well_formed_sequences((0, 70, 80, 30, 100), (0,) * 5, 100, 0) == []
+    assert well_formed_sequences((10, 30, 70, 90), (0, 40, 80, 120), 100, 120) == [0, 1, 2]
+    assert well_formed_sequences((0, 30, 70, 100), (-1, 40, 80, 120), 100, 120) == [1, 2]
+
+
+@pytest.mark.parametrize("solution", solutions())
+@pytest.mark.parametrize("batch", MALFORMED_BATCHES, ids=lambda b: b.id)
+def test_malformed_batch(solution, batch):
+    inputs = malformed_inputs(batch, DEVICE, seed=3)
+    expected = malformed_expected(batch, inputs)
+    q, k, v = (guarded(x)[0] for x in inputs[:3])
+    output, output_buffer = guarded(torch.full_like(inputs[0], -7.0), fill=-3.0)
+    lse, lse_buffer = guarded(torch.full(inputs[0].shape[:2], -7.0, device=DEVICE), fill=-3.0)
+    build_solution(solution)(q, k, v, *inputs[3:], output, lse)
+    if HAS_CUDA:
+        torch.cuda.synchronize()
+    for buffer in (output_buffer, lse_buffer):
+        guard = torch.cat([buffer[:GUARD], buffer[-GUARD:]])
+        assert (guard == -3.0).all(), "a write outside the outputs"
+    assert not (output == -7.0).all(-1).any(), "rows never written"
+    check_malformed_outputs([output, lse], expected)

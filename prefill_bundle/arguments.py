@@ -160,25 +160,25 @@ def strides_ok(x: torch.Tensor) -> bool:
 
 
 def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
-    """The layout each tensor must have (q, k, v token-strided, the rest contiguous), then
-    check_placement. Strides are part of a launch plan's key: this runs once per key."""
+    """The strides q, k, v must have (part of a launch plan's key: checked once per key), then
+    check_placement."""
     for name, x in zip(names, tensors):
-        if name in PADDED_INPUTS:
-            if not strides_ok(x):
-                fail(
-                    name,
-                    "the last dim contiguous, heads dense and a token stride that is a multiple "
-                    f"of {ALIGN_ELEMENTS} elements",
-                    f"{describe(x)} with strides {list(x.stride())}",
-                )
-        elif not x.is_contiguous():
-            fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
+        if name in PADDED_INPUTS and not strides_ok(x):
+            fail(
+                name,
+                "the last dim contiguous, heads dense and a token stride that is a multiple "
+                f"of {ALIGN_ELEMENTS} elements",
+                f"{describe(x)} with strides {list(x.stride())}",
+            )
     check_placement(names, tensors, interpreted)
 
 
 def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
-    """Every call: 16-byte aligned data pointers and one device (a GPU unless interpreted)."""
+    """Every call: the other tensors contiguous, 16-byte aligned data pointers, one device (a
+    GPU unless interpreted)."""
     for name, x in zip(names, tensors):
+        if name not in PADDED_INPUTS and not x.is_contiguous():
+            fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
         if x.data_ptr() % 16:
             fail(name, "a 16-byte aligned data pointer", hex(x.data_ptr()))
     first = tensors[0]

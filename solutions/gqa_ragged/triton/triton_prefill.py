@@ -164,8 +164,8 @@ def _strides(q, k, v) -> dict:
 def run_padded(q, k, v, causal, out):
     causal = check_causal(causal)
     try:
-        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype,
-               k.dtype, v.dtype, out.dtype, v.shape, out.shape, causal)  # fmt: skip
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+               out.dtype, v.shape, out.shape, causal)  # fmt: skip
         plan = _padded_plans.lookup(key)
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None

@@ -1,0 +1,246 @@
+"""One argument contract for every backend (prefill_bundle/arguments.py): each bad argument is a
+ValueError naming it, raised before any launch, with the same message from Triton, CUDA and
+TileLang. Without a GPU every backend still runs its checks on CPU tensors (the device check
+comes last, so each case's one fault is what fails); Triton, interpreted, also takes them.
+"""
+
+import math
+import re
+import sys
+
+import pytest
+import torch
+
+from prefill_bundle import arguments
+from prefill_bundle.testing import build_solution
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
+BACKENDS = ("triton", "cuda", "tilelang")
+
+
+def tensor(*shape, dtype=F16):
+    return torch.zeros(*shape, dtype=dtype, device=DEVICE)
+
+
+def transposed(*shape, dtype=F16):
+    """A tensor of the given shape whose last two dimensions are swapped in memory."""
+    return tensor(*shape[:-2], shape[-1], shape[-2], dtype=dtype).transpose(-1, -2)
+
+
+def token_strided(tokens, heads, stride, dtype=F16, offset=0):
+    """[tokens, heads, 128] viewed in rows of `stride` elements, from element `offset` on."""
+    rows = tensor(tokens, stride + offset, dtype=dtype)
+    return rows[:, offset : offset + heads * 128].unflatten(-1, (heads, 128))
+
+
+def indptr(*values):
+    return torch.tensor(values, dtype=I32, device=DEVICE)
+
+
+def padded_args(**changes):
+    args = dict(
+        q=tensor(2, 3, 32, 128),
+        k=tensor(2, 5, 8, 128),
+        v=tensor(2, 5, 8, 128),
+        causal=True,
+        out=tensor(2, 3, 32, 128),
+    )
+    return list({**args, **changes}.values())
+
+
+def ragged_args(**changes):
+    args = dict(
+        q=tensor(4, 32, 128, dtype=BF16),
+        k=tensor(6, 8, 128, dtype=BF16),
+        v=tensor(6, 8, 128, dtype=BF16),
+        qo_indptr=indptr(0, 1, 4),
+        kv_indptr=indptr(0, 2, 6),
+        sm_scale=1.0 / math.sqrt(128),
+        output=tensor(4, 32, 128, dtype=BF16),
+        lse=tensor(4, 32, dtype=F32),
+    )
+    return list({**args, **changes}.values())
+
+
+# name: (argument named in the error, changes to the valid arguments)
+PADDED_ERRORS = {
+    "q_float32": ("q", dict(q=tensor(2, 3, 32, 128, dtype=F32))),
+    "q_rank_3": ("q", dict(q=tensor(6, 32, 128))),
+    "q_16_heads": ("q", dict(q=tensor(2, 3, 16, 128), out=tensor(2, 3, 16, 128))),
+    "q_head_dim_64": ("q", dict(q=tensor(2, 3, 32, 64), out=tensor(2, 3, 32, 64))),
+    "q_not_a_tensor": ("q", dict(q=[[0.0]])),
+    "k_dtype_differs_from_q": ("k", dict(k=tensor(2, 5, 8, 128, dtype=BF16))),
+    "k_4_heads": ("k", dict(k=tensor(2, 5, 4, 128), v=tensor(2, 5, 4, 128))),
+    "k_head_dim_64": ("k", dict(k=tensor(2, 5, 8, 64), v=tensor(2, 5, 8, 64))),
+    "k_batch_differs_from_q": ("k", dict(k=tensor(3, 5, 8, 128), v=tensor(3, 5, 8, 128))),
+    "v_seq_differs_from_k": ("v", dict(v=tensor(2, 4, 8, 128))),
+    "v_rank_3": ("v", dict(v=tensor(10, 8, 128))),
+    "causal_int": ("causal", dict(causal=1)),
+    "causal_2": ("causal", dict(causal=2)),
+    "causal_string": ("causal", dict(causal="False")),
+    "causal_float_tensor": ("causal", dict(causal=torch.tensor(1.0))),
+    "out_wrong_shape": ("out", dict(out=tensor(2, 4, 32, 128))),
+    "out_wrong_dtype": ("out", dict(out=tensor(2, 3, 32, 128, dtype=BF16))),
+    "q_head_dim_strided": ("q", dict(q=transposed(2, 3, 32, 128))),
+    "k_head_dim_strided": ("k", dict(k=transposed(2, 5, 8, 128))),
+    "k_batch_stride_uneven": ("k", dict(k=tensor(2, 6, 8, 128)[:, :5])),
+    "out_not_contiguous": ("out", dict(out=transposed(2, 3, 32, 128))),
+}
+
+RAGGED_ERRORS = {
+    "q_float32": ("q", dict(q=tensor(4, 32, 128, dtype=F32))),
+    "q_rank_4": ("q", dict(q=tensor(1, 4, 32, 128, dtype=BF16))),
+    "q_16_heads": ("q", dict(q=tensor(4, 16, 128, dtype=BF16))),
+    "q_head_dim_64": ("q", dict(q=tensor(4, 32, 64, dtype=BF16))),
+    "k_dtype_differs_from_q": ("k", dict(k=tensor(6, 8, 128, dtype=F16))),
+    "k_32_heads": ("k", dict(k=tensor(6, 32, 128, dtype=BF16), v=tensor(6, 32, 128, dtype=BF16))),
+    "v_length_differs_from_k": ("v", dict(v=tensor(7, 8, 128, dtype=BF16))),
+    "qo_indptr_int64": ("qo_indptr", dict(qo_indptr=torch.zeros(3, dtype=torch.int64))),
+    "qo_indptr_list": ("qo_indptr", dict(qo_indptr=[0, 1, 4])),
+    "qo_indptr_rank_2": ("qo_indptr", dict(qo_indptr=indptr(0, 1, 4)[None])),
+    "qo_indptr_empty": ("qo_indptr", dict(qo_indptr=indptr(), kv_indptr=indptr())),
+    "qo_indptr_without_sequence": ("qo_indptr", dict(qo_indptr=indptr(0), kv_indptr=indptr(0))),
+    "kv_indptr_int64": ("kv_indptr", dict(kv_indptr=torch.zeros(3, dtype=torch.int64))),
+    "kv_indptr_length_differs": ("kv_indptr", dict(kv_indptr=indptr(0, 1, 2, 6))),
+    "kv_indptr_not_contiguous": ("kv_indptr", dict(kv_indptr=indptr(0, 9, 2, 9, 6, 9)[::2])),
+    "sm_scale_tensor": ("sm_scale", dict(sm_scale=torch.tensor(0.1))),
+    "sm_scale_string": ("sm_scale", dict(sm_scale="0.1")),
+    "sm_scale_bool": ("sm_scale", dict(sm_scale=True)),
+    "sm_scale_nan": ("sm_scale", dict(sm_scale=float("nan"))),
+    "sm_scale_inf": ("sm_scale", dict(sm_scale=float("-inf"))),
+    "output_wrong_shape": ("output", dict(output=tensor(5, 32, 128, dtype=BF16))),
+    "output_wrong_dtype": ("output", dict(output=tensor(4, 32, 128, dtype=F16))),
+    "lse_wrong_dtype": ("lse", dict(lse=tensor(4, 32, dtype=BF16))),
+    "lse_wrong_shape": ("lse", dict(lse=tensor(4, 8, dtype=F32))),
+    "lse_not_contiguous": ("lse", dict(lse=transposed(4, 32, dtype=F32))),
+    "q_head_dim_strided": ("q", dict(q=transposed(4, 32, 128, dtype=BF16))),
+    "q_token_stride_not_16_bytes": ("q", dict(q=token_strided(4, 32, 4100, BF16))),
+    # stride 512 < 8 heads x 128: tokens would overlap
+    "k_tokens_overlap": (
+        "k",
+        dict(k=tensor(4096, dtype=BF16).as_strided((6, 8, 128), (512, 128, 1))),
+    ),
+    "v_misaligned": ("v", dict(v=token_strided(6, 8, 1032, BF16, offset=4))),
+}
+
+
+def contract_message(definition: str, args: list) -> str:
+    """What the shared Python contract says of these arguments (devices aside)."""
+    try:
+        if definition == "mini":
+            q, k, v, causal, out = args
+            arguments.check_causal(causal)
+            arguments.check_padded_shapes(q, k, v, out)
+            arguments.check_layout(arguments.PADDED_NAMES, (q, k, v, out), interpreted=True)
+        else:
+            q, k, v, qo, kv, sm_scale, output, lse = args
+            arguments.check_sm_scale(sm_scale)
+            arguments.check_ragged_shapes(q, k, v, qo, kv, output, lse)
+            tensors = (q, k, v, qo, kv, output, lse)
+            arguments.check_layout(arguments.RAGGED_NAMES, tensors, interpreted=True)
+    except ValueError as error:
+        return str(error)
+    raise AssertionError("the contract accepts these arguments")
+
+
+def entry(backend: str, definition: str):
+    return build_solution(f"{backend}_{definition}")
+
+
+def assert_rejected(backend, definition, args, argument):
+    expected = contract_message(definition, args)
+    assert expected.startswith(f"{argument}: expected "), expected
+    with pytest.raises(ValueError) as error:
+        entry(backend, definition)(*args)
+    assert str(error.value).splitlines()[0] == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("argument, changes", PADDED_ERRORS.values(), ids=PADDED_ERRORS.keys())
+def test_padded_errors(backend, argument, changes):
+    assert_rejected(backend, "mini", padded_args(**changes), argument)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("argument, changes", RAGGED_ERRORS.values(), ids=RAGGED_ERRORS.keys())
+def test_ragged_errors(backend, argument, changes):
+    assert_rejected(backend, "ragged", ragged_args(**changes), argument)
+
+
+def runs_here(backend: str) -> bool:
+    return HAS_CUDA or backend == "triton"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_devices_are_checked(backend):
+    """Off the GPU only the interpreted Triton backend takes CPU tensors."""
+    if HAS_CUDA:
+        other, expected = "cpu", "k: expected a tensor on cuda:0 (q's device), got one on cpu"
+    elif backend == "triton":
+        other, expected = "meta", "k: expected a tensor on cpu (q's device), got one on meta"
+    else:
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got one on cpu"):
+            entry(backend, "ragged")(*ragged_args())
+        return
+    args = ragged_args()
+    args[1] = args[1].to(other)
+    with pytest.raises(ValueError, match=rf"^{re.escape(expected)}"):
+        entry(backend, "ragged")(*args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checked_on_every_call(backend):
+    """Shapes are planned once per key; causal, sm_scale, layout and devices on every call."""
+    if not runs_here(backend):
+        pytest.skip("needs a GPU")
+    run = entry(backend, "mini")
+    run(*padded_args())  # plans this shape
+    run(*padded_args(causal=torch.tensor(False)))  # a 0-d bool tensor is a causal flag too
+    for bad in (1, 1.0, 0):
+        with pytest.raises(ValueError, match=r"^causal: expected a Python bool"):
+            run(*padded_args(causal=bad))
+    with pytest.raises(ValueError, match=r"^out: expected a contiguous tensor"):
+        run(*padded_args(out=transposed(2, 3, 32, 128)))
+
+    run = entry(backend, "ragged")
+    run(*ragged_args())
+    with pytest.raises(ValueError, match=r"^sm_scale: expected a finite float"):
+        run(*ragged_args(sm_scale=None))
+    with pytest.raises(ValueError, match=r"^lse: expected a contiguous tensor"):
+        run(*ragged_args(lse=transposed(4, 32, dtype=F32)))
+
+
+@pytest.mark.parametrize("name", ["triton_mini", "triton_ragged"])
+def test_cpu_tensors_are_rejected_without_the_interpreter(name, monkeypatch):
+    module = sys.modules[build_solution(name).metadata.misc["module_name"]]
+    monkeypatch.setattr(module, "INTERPRET", False)
+    args = padded_args() if name == "triton_mini" else ragged_args()
+    args = [x.cpu() if isinstance(x, torch.Tensor) else x for x in args]
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+        build_solution(name)(*args)
+
+
+VALIDATION_ERRORS = {
+    "qo_not_starting_at_0": (indptr(1, 1, 4), indptr(0, 2, 6), "qo_indptr[0] = 1"),
+    "qo_decreasing": (indptr(0, 5, 4), indptr(0, 2, 6), "qo_indptr[2] = 4 < qo_indptr[1] = 5"),
+    "kv_last_value": (indptr(0, 1, 4), indptr(0, 2, 7), "kv_indptr[2] = 7"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("qo, kv, position", VALIDATION_ERRORS.values(), ids=VALIDATION_ERRORS)
+def test_validation_mode_names_the_first_bad_position(backend, qo, kv, position, monkeypatch):
+    """PREFILL_BUNDLE_VALIDATE=1 checks indptr values on the host before every launch."""
+    if not runs_here(backend):
+        pytest.skip("needs a GPU")
+    run = entry(backend, "ragged")
+    if backend != "cuda":  # Python solutions read the switch once, at import
+        module = sys.modules[run.metadata.misc["module_name"]]
+        monkeypatch.setattr(module, "VALIDATE", True)
+    else:
+        monkeypatch.setenv("PREFILL_BUNDLE_VALIDATE", "1")
+    pattern = rf"^\w+_indptr: expected non-decreasing .*{re.escape(position)}"
+    with pytest.raises(ValueError, match=pattern):
+        run(*ragged_args(qo_indptr=qo, kv_indptr=kv))

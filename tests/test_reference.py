@@ -134,3 +134,32 @@ def test_fp64_check_rejects_a_broken_reference(mutation):
     with pytest.raises(AssertionError):
         torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_reference_without_keys_returns_zeros():
+    case = PaddedCase(2, 5, 0, True)
+    q, k, v, causal = make_inputs(case, "cpu", seed=2)
+    out = reference(MINI)(q, k, v, causal)
+    assert out.shape == q.shape and torch.all(out == 0)
+
+
+@pytest.mark.parametrize(
+    "definition, position, bad, argument",
+    [
+        (MINI, 3, "False", "causal"),
+        (MINI, 3, 1, "causal"),
+        (MINI, 1, torch.zeros(2, 7, 4, 128, dtype=torch.float16), "k"),
+        (RAGGED, 3, torch.tensor([0, 5, 3], dtype=torch.int32), "qo_indptr"),
+        (RAGGED, 4, torch.tensor([0, 3, 9], dtype=torch.int32), "kv_indptr"),
+        (RAGGED, 2, torch.zeros(7, 8, 128, dtype=torch.bfloat16), "v"),
+    ],
+)
+def test_references_reject_bad_arguments_by_name(definition, position, bad, argument):
+    """ValueError, not assert: the checks hold under python -O too."""
+    if definition == MINI:
+        inputs = make_inputs(PaddedCase(2, 3, 7, True), "cpu")
+    else:
+        inputs = make_inputs(RaggedCase((1, 2), (3, 3)), "cpu")
+    inputs[position] = bad
+    with pytest.raises(ValueError, match=rf"^{argument}: expected"):
+        reference(definition)(*inputs)

@@ -16,9 +16,26 @@ def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
     """
     total_q, num_heads, head_dim = q.shape
     total_kv, num_kv_heads = k.shape[0], k.shape[1]
-    assert num_heads == 32 and num_kv_heads == 8 and head_dim == 128
-    assert qo_indptr.shape == kv_indptr.shape
-    assert int(qo_indptr[-1]) == total_q and int(kv_indptr[-1]) == total_kv
+    if (num_heads, head_dim) != (32, 128):
+        raise ValueError(f"q: expected [total_q, 32, 128], got {list(q.shape)}")
+    if tuple(k.shape[1:]) != (8, 128):
+        raise ValueError(f"k: expected [total_kv, 8, 128], got {list(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected k's shape {list(k.shape)}, got {list(v.shape)}")
+    if qo_indptr.dim() != 1 or qo_indptr.shape != kv_indptr.shape or len(qo_indptr) < 1:
+        raise ValueError(
+            f"kv_indptr: expected qo_indptr's shape [batch + 1], got {list(kv_indptr.shape)} "
+            f"and {list(qo_indptr.shape)}"
+        )
+    for name, indptr, total in (
+        ("qo_indptr", qo_indptr, total_q),
+        ("kv_indptr", kv_indptr, total_kv),
+    ):
+        bounds = indptr.tolist()
+        if bounds[0] != 0 or bounds[-1] != total or any(a > b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(
+                f"{name}: expected non-decreasing values from 0 to {total}, got {bounds}"
+            )
     group_size = num_heads // num_kv_heads  # query head h reads KV head h // group_size
     log2_e = 1.0 / math.log(2.0)
 

@@ -14,12 +14,20 @@ def run(q, k, v, causal):
     """
     batch, seq_q, num_heads, head_dim = q.shape
     seq_kv, num_kv_heads = k.shape[1], k.shape[2]
-    assert num_heads == 32 and num_kv_heads == 8 and head_dim == 128
-    assert k.shape == (batch, seq_kv, num_kv_heads, head_dim) and v.shape == k.shape
+    if (num_heads, head_dim) != (32, 128):
+        raise ValueError(f"q: expected [batch, seq_q, 32, 128], got {list(q.shape)}")
+    if k.shape != (batch, seq_kv, 8, 128):
+        raise ValueError(f"k: expected [{batch}, seq_kv, 8, 128], got {list(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected k's shape {list(k.shape)}, got {list(v.shape)}")
+    if type(causal) is not bool:
+        raise ValueError(f"causal: expected a bool, got {causal!r}")
     group_size = num_heads // num_kv_heads  # query head h reads KV head h // group_size
     scale = 1.0 / math.sqrt(head_dim)
 
     out = torch.zeros(batch, seq_q, num_heads, head_dim, dtype=torch.float32, device=q.device)
+    if seq_kv == 0:
+        return out.to(q.dtype)  # no key: every row is zeros
     key_pos = torch.arange(seq_kv, device=q.device)[None, :]
     for start in range(0, seq_q, QUERY_CHUNK):
         rows = slice(start, min(start + QUERY_CHUNK, seq_q))

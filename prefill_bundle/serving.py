@@ -20,6 +20,11 @@ Three things stock apply lacks for this op:
   workloads); a bucket without traces goes to the definition's best (on_miss_policy).
 - A solution that fails to build raises inside apply: enable_bundle_apply builds every solution
   up front and drops the ones that fail, so their buckets go to the next best solution.
+- A call the chosen solution cannot take (another dtype, a layout it does not address, an
+  indptr that is not a tensor) raises from it, where the user's own function would have
+  served it: BundleApplyRuntime sends such a call to the fallback instead, with a warning the
+  first time each argument is the reason. Solutions check their arguments before launching
+  anything, so nothing has run when they refuse.
 """
 
 from __future__ import annotations
@@ -63,10 +68,13 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
 
     def build_from_args(self, args) -> ApplyKey:
         q, k = args[0], args[1]
-        if self._padded:
-            raw = (q.shape[0], q.shape[1], k.shape[1], bool(args[3]))
-        else:
-            raw = (args[3].shape[0] - 1, q.shape[0], k.shape[0], True)
+        try:
+            if self._padded:
+                raw = (q.shape[0], q.shape[1], k.shape[1], bool(args[3]))
+            else:
+                raw = (args[3].shape[0] - 1, q.shape[0], k.shape[0], True)
+        except (AttributeError, IndexError, TypeError, RuntimeError):
+            return UNSERVABLE_KEY  # not the definition's arguments: the solution will say why
         key = self._memo.get(raw)
         if key is None:
             if len(self._memo) > 65536:
@@ -89,7 +97,40 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
         return ApplyKey(axes=tuple(zip(self._names, buckets)), feats=(("causal", causal),))
 
 
+UNSERVABLE_KEY = ApplyKey(axes=(), feats=(("unservable", True),))
 ApplyKeyFactory.register(OP_TYPE, BucketedPrefillKeyBuilder)
+
+
+class BundleApplyRuntime(ApplyRuntime):
+    """ApplyRuntime whose solutions never raise where the fallback would have served the call:
+    a solution's argument error (ValueError or TypeError, raised before it launches anything)
+    sends the call to the fallback, with a warning the first time per definition and argument."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusals: dict = {}  # (definition, argument) -> first message, for the warning
+
+    def dispatch(self, def_name, args, kwargs, fallback):
+        if fallback is None:
+            return super().dispatch(def_name, args, kwargs, fallback)
+        fallback_ran = False
+
+        def tracked_fallback(*fallback_args, **fallback_kwargs):
+            nonlocal fallback_ran
+            fallback_ran = True
+            return fallback(*fallback_args, **fallback_kwargs)
+
+        try:
+            return super().dispatch(def_name, args, kwargs, tracked_fallback)
+        except (ValueError, TypeError) as error:
+            if fallback_ran:
+                raise  # the user's own function failed: that error is theirs to see
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            argument = reason.split(":")[0]
+            if (def_name, argument) not in self.refusals:
+                self.refusals[(def_name, argument)] = reason
+                logger.warning("apply: %s falls back for this call: %s", def_name, reason)
+            return fallback(*args, **kwargs)
 
 
 def keep_only(trace_set: TraceSet, solution_names) -> None:
@@ -115,19 +156,26 @@ def buildable_solutions(trace_set: TraceSet) -> list:
     return names
 
 
-def enable_bundle_apply(solutions=None, root=REPO_ROOT, config=BUNDLE_APPLY_CONFIG) -> ApplyRuntime:
-    """Start apply over this bundle's traces; `solutions` restricts which solutions may serve."""
+def enable_bundle_apply(
+    solutions=None, root=REPO_ROOT, config=BUNDLE_APPLY_CONFIG
+) -> BundleApplyRuntime:
+    """Start apply over this bundle's traces; `solutions` restricts which solutions may serve
+    (unknown names raise ValueError, naming the known ones)."""
     trace_set = TraceSet.from_path(str(root))
+    every = [s for sols in trace_set.solutions.values() for s in sols]
     if solutions is None:
-        every = [s for sols in trace_set.solutions.values() for s in sols]
         solutions = [s.name for s in every if s.author != BASELINE_AUTHOR]
+    unknown = sorted(set(solutions) - {s.name for s in every})
+    if unknown:
+        known = ", ".join(sorted(s.name for s in every))
+        raise ValueError(f"solutions: expected names among {known}, got unknown {unknown}")
     keep_only(trace_set, solutions)
     keep_only(trace_set, buildable_solutions(trace_set))
     # flashinfer-bench caches the table on disk by a digest of traces and config only: one built
     # earlier with another key builder would be reused and miss every call. Build it afresh.
     digest = ApplyTable._digest(trace_set, ApplyConfigRegistry(default=config))
     (_apply_table_dir() / f"{digest}.json").unlink(missing_ok=True)
-    runtime = ApplyRuntime(trace_set, config)
+    runtime = BundleApplyRuntime(trace_set, config)
     runtime.start()
     return runtime
 

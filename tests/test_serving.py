@@ -10,8 +10,9 @@ import torch
 from flashinfer_bench import TraceSet
 from flashinfer_bench.apply import ApplyConfig, ApplyRuntime, apply, disable_apply
 
-from prefill_bundle import MINI, OP_TYPE, REPO_ROOT
+from prefill_bundle import MINI, OP_TYPE, RAGGED, REPO_ROOT
 from prefill_bundle.serving import (
+    UNSERVABLE_KEY,
     BucketedPrefillKeyBuilder,
     dispatch_table,
     enable_bundle_apply,
@@ -24,7 +25,13 @@ FALLBACK_MARKER = -1.0
 
 
 def solution_json(name):
-    body = f"def run(q, k, v, causal, out):\n    out.fill_({MARKERS[name]})\n"
+    # Like the bundle's solutions: float16 only, refused with a ValueError before any work.
+    body = (
+        "def run(q, k, v, causal, out):\n"
+        "    if str(q.dtype) != 'torch.float16':\n"
+        "        raise ValueError(f'q: expected float16, got {q.dtype}')\n"
+        f"    out.fill_({MARKERS[name]})\n"
+    )
     if name == "broken":
         body = "raise ImportError('this solution does not build')\n" + body
     return {
@@ -95,9 +102,9 @@ def attention(q, k, v, causal, out):
     out.fill_(FALLBACK_MARKER)
 
 
-def served_by(batch, seq_q, seq_kv, causal=True):
-    q = torch.randn(batch, seq_q, 32, 128, dtype=torch.float16)
-    k = torch.randn(batch, seq_kv, 8, 128, dtype=torch.float16)
+def served_by(batch, seq_q, seq_kv, causal=True, dtype=torch.float16):
+    q = torch.randn(batch, seq_q, 32, 128, dtype=dtype)
+    k = torch.randn(batch, seq_kv, 8, 128, dtype=dtype)
     out = torch.empty_like(q)
     attention(q, k, torch.randn_like(k), causal, out)
     assert torch.all(out == out.flatten()[0])
@@ -176,3 +183,45 @@ def test_baselines_do_not_serve_unless_named(trace_root, monkeypatch):
         assert served_by(1, 128, 128) == "solution_b"
     finally:
         disable_apply()
+
+
+def test_a_call_the_solution_refuses_goes_to_the_fallback(runtime, caplog):
+    """bf16 on the float16 definition: the user's function served it before apply, so it still
+    does; one warning names the reason, the first time only."""
+    with caplog.at_level("WARNING", logger="prefill_bundle.serving"):
+        assert served_by(1, 128, 128, dtype=torch.bfloat16) == "fallback"
+        assert served_by(1, 100, 100, dtype=torch.bfloat16) == "fallback"
+    warnings = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(warnings) == 1 and "q: expected float16" in warnings[0], warnings
+    assert served_by(1, 128, 128) == "solution_a"  # and the solution still serves the rest
+
+
+def test_an_error_of_the_fallback_itself_is_raised_once(runtime):
+    calls = []
+
+    @apply(MINI)
+    def failing(q, k, v, causal, out):
+        calls.append(1)
+        raise ValueError("the user's own error")
+
+    q = torch.zeros(1, 4, 32, 128, dtype=torch.bfloat16)  # the solution refuses it
+    k = torch.zeros(1, 4, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="the user's own error"):
+        failing(q, k, k, True, torch.empty_like(q))
+    assert len(calls) == 1
+
+
+def test_unknown_solution_names_raise_at_enable_time(trace_root, monkeypatch):
+    root, cache = trace_root
+    monkeypatch.setenv("FIB_CACHE_PATH", str(cache))
+    with pytest.raises(ValueError, match=r"^solutions: expected names among .*solution_a"):
+        enable_bundle_apply(["solution_typo"], root=root)
+    assert ApplyRuntime.get_instance() is None
+
+
+def test_key_of_arguments_that_are_not_the_definitions():
+    """An indptr given as a list keys to a miss; the chosen solution then refuses the call."""
+    definition = TraceSet.from_path(str(REPO_ROOT)).definitions[RAGGED]
+    builder = BucketedPrefillKeyBuilder(definition)
+    q, k = torch.empty(5, 32, 128), torch.empty(7, 8, 128)
+    assert builder.build_from_args((q, k, k, [0, 5], [0, 7], 0.1)) == UNSERVABLE_KEY

@@ -8,6 +8,12 @@ set -euo pipefail
 # flashinfer-bench's CUDA builder targets sm_90, not sm_90a, unless told: the wgmma path needs 90a.
 export TVM_FFI_CUDA_ARCH_LIST="${TVM_FFI_CUDA_ARCH_LIST:-9.0a}"
 export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0a}"
+# Check for a GPU before touching the committed traces/: without one the run would fail after
+# deleting them.
+if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_bench.sh: no CUDA GPU here (torch.cuda.is_available() is False); traces/ left as is" >&2
+  exit 1
+fi
 clocks() { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader; }
 echo "gpu at start: $(clocks)"
 rm -rf traces && mkdir -p traces

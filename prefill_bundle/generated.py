@@ -1,7 +1,8 @@
-"""Generated files (definitions, solutions, workloads, blobs) and their sync check.
+"""A generated file (definition, solution, workload, blob) and how it renders to bytes.
 
-Generated files are never edited by hand: `python scripts/generate.py` writes them, and
-`tests/test_dataset.py` fails when one on disk differs from what the sources give.
+Generated files are never edited by hand: `python scripts/generate.py` writes them (dataset.py
+lists them), and `tests/test_dataset.py` fails when one on disk differs from what the sources
+give.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from dataclasses import dataclass
 from typing import Union
 
 from pydantic import BaseModel
-
-from . import REPO_ROOT
 
 Content = Union[BaseModel, list, bytes]
 
@@ -30,33 +29,3 @@ class GeneratedFile:
             return ("\n".join(lines) + "\n").encode()
         data = self.content.model_dump(mode="json", exclude_unset=True)
         return (json.dumps(data, indent=2) + "\n").encode()
-
-
-def all_generated_files() -> list[GeneratedFile]:
-    from .definitions import definition_files
-    from .packing import solution_files
-    from .workloads import workload_files
-
-    return definition_files() + solution_files() + workload_files()
-
-
-def write_all() -> list[str]:
-    written = []
-    for f in all_generated_files():
-        path = REPO_ROOT / f.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = f.render()
-        if not path.exists() or path.read_bytes() != data:
-            path.write_bytes(data)
-            written.append(f.path)
-    return written
-
-
-def out_of_sync() -> list[str]:
-    """Paths whose file on disk is missing or differs from what the sources generate."""
-    stale = []
-    for f in all_generated_files():
-        path = REPO_ROOT / f.path
-        if not path.exists() or path.read_bytes() != f.render():
-            stale.append(f.path)
-    return stale

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prefill_bundle.generated import out_of_sync, write_all  # noqa: E402
+from prefill_bundle.dataset import out_of_sync, write_all  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--check", action="store_true", help="only report files out of sync")

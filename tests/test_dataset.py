@@ -6,7 +6,7 @@ from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
 from prefill_bundle import MINI, RAGGED, REPO_ROOT
-from prefill_bundle.generated import out_of_sync
+from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.packing import SOLUTIONS
 from prefill_bundle.workloads import MINI_SHAPES, RAGGED_BATCHES
 

@@ -6,15 +6,12 @@ included), interleaved (A B A B) because the card heats up within a call; best o
 """
 
 import sys
-from pathlib import Path
 
 from flashinfer_bench.bench.timing import time_runnable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle import MINI  # noqa: E402
-from prefill_bundle.gpu_timing import clocks  # noqa: E402
-from prefill_bundle.testing import (  # noqa: E402
+from prefill_bundle import MINI
+from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,
@@ -22,7 +19,7 @@ from prefill_bundle.testing import (  # noqa: E402
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES  # noqa: E402
+from prefill_bundle.workloads import RAGGED_BATCHES
 
 PADDED = [
     PaddedCase(8, 2048, 2048, True),

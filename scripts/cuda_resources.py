@@ -6,9 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.cuda_build import RESOURCES_MD, compile_entry, resources_markdown  # noqa: E402
+from prefill_bundle.cuda_build import RESOURCES_MD, compile_entry, resources_markdown
 
 with tempfile.TemporaryDirectory() as tmp:
     returncode, output = compile_entry(shutil.which("nvcc"), "90a", Path(tmp) / "e.o", True)

@@ -6,11 +6,8 @@ python scripts/generate.py --check  # exit 1 if a generated file is out of sync
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.dataset import out_of_sync, write_all  # noqa: E402
+from prefill_bundle.dataset import out_of_sync, write_all
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--check", action="store_true", help="only report files out of sync")

@@ -8,16 +8,13 @@ of its entry point: the per-call checks, its launch, and what the JIT's own laun
 
 import functools
 import sys
-from pathlib import Path
 
 import triton.testing
 from flashinfer_bench.bench.timing import time_runnable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.gpu_timing import host_us  # noqa: E402
-from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs  # noqa: E402
-from prefill_bundle.workloads import RAGGED_BATCHES  # noqa: E402
+from prefill_bundle.gpu_timing import host_us
+from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.workloads import RAGGED_BATCHES
 
 SOLUTIONS = ("flashinfer_ragged", "cuda_ragged", "tilelang_ragged", "triton_ragged")
 

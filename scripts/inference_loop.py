@@ -11,23 +11,18 @@ overhead; and the FlashInfer drop-in (BatchPrefillWithRaggedKVCacheWrapper serve
 
 import argparse
 import math
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
+import flashinfer
 import torch
+from flashinfer_bench.apply import apply, disable_apply
+from flashinfer_bench.compile import BuilderRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import flashinfer  # noqa: E402
-from flashinfer_bench.apply import apply, disable_apply  # noqa: E402
-from flashinfer_bench.compile import BuilderRegistry  # noqa: E402
-
-from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED  # noqa: E402
-from prefill_bundle.serving import dispatch_table, enable_bundle_apply  # noqa: E402
-from prefill_bundle.testing import build_solution  # noqa: E402
-from prefill_bundle.workloads import lengths_to_indptr  # noqa: E402
+from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED
+from prefill_bundle.serving import dispatch_table, enable_bundle_apply
+from prefill_bundle.testing import build_solution
+from prefill_bundle.workloads import lengths_to_indptr
 
 HIDDEN = NUM_HEADS * HEAD_DIM
 SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)

@@ -4,12 +4,7 @@ ragged batch with an empty sequence and queries without keys, and check the resu
     compute-sanitizer --kernel-name kns=gqa_prefill python scripts/sanitize_cuda.py
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.testing import (  # noqa: E402
+from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     check_outputs,

@@ -7,17 +7,13 @@ replaced in attention_kernel.cuh (a constexpr knob), built under its own name. P
 """
 
 import sys
-from pathlib import Path
 
 import torch
 import triton.testing
+from flashinfer_bench.compile import BuilderRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from flashinfer_bench.compile import BuilderRegistry  # noqa: E402
-
-from prefill_bundle.gpu_timing import clocks  # noqa: E402
-from prefill_bundle.testing import (  # noqa: E402
+from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,

@@ -8,15 +8,12 @@ because the card heats up within a call. Writes nothing; prints a table.
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.gpu_timing import clocks  # noqa: E402
-from prefill_bundle.testing import PaddedCase, build_solution, make_inputs  # noqa: E402
+from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.testing import PaddedCase, build_solution, make_inputs
 
 CONFIGS = [
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the

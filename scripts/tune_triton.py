@@ -11,23 +11,20 @@ import argparse
 import functools
 import json
 import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from prefill_bundle.gpu_timing import clocks, host_us  # noqa: E402
-from prefill_bundle.testing import (  # noqa: E402
+from prefill_bundle.gpu_timing import clocks, host_us
+from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES  # noqa: E402
+from prefill_bundle.workloads import RAGGED_BATCHES
 
 # Measured on the H100 (2026-11-23, see issue notes): K/V through TMA descriptors and
 # tl.range(warp_specialize=True) did not beat plain pointer loads (TMA 0.70-0.74x FlashInfer vs

@@ -1,6 +1,5 @@
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -19,6 +18,5 @@ if not torch.cuda.is_available():
             if Path("/usr/local/cuda/lib64").exists():
                 os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

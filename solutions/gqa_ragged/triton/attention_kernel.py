@@ -314,7 +314,7 @@ def gqa_prefill_fwd(
     if RAGGED:
         if CAUSAL:
             slot = tl.num_programs(0) - 1 - slot
-        seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE)
+        seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE=TOKENS_PER_TILE)
         # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
         # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
         batch_ok = is_partition(qo_indptr, num_seqs, seq_q) & is_partition(
@@ -323,7 +323,8 @@ def gqa_prefill_fwd(
         if not batch_ok:
             poison_uncovered_rows(
                 out, lse, qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv, slot, first_head,
-                TOKENS_PER_TILE, HEADS_PER_TILE, NUM_HEADS, HEAD_DIM, WRITE_LSE,
+                TOKENS_PER_TILE=TOKENS_PER_TILE, HEADS_PER_TILE=HEADS_PER_TILE,
+                NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, WRITE_LSE=WRITE_LSE,
             )  # fmt: skip
             seq_ok = well_formed(
                 qo_indptr, kv_indptr, seq + tl.zeros([1], tl.int32), num_seqs, seq_q, seq_kv
@@ -406,30 +407,36 @@ def gqa_prefill_fwd(
         # can get (255, spilling otherwise).
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale, BLOCK_N,
-            HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, True, INTERPRETED,
+            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale,
+            BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
+            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=True, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale, BLOCK_N, HEAD_DIM,
-            K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+            query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale,
+            BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
+            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         _store_rows(
             acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,
-            q_len - first_token - BLOCK_TOKENS, first_head, BLOCK_M, HEADS_PER_TILE, HEAD_DIM,
-            NUM_HEADS, WRITE_LSE, INTERPRETED,
+            q_len - first_token - BLOCK_TOKENS, first_head, BLOCK_M=BLOCK_M,
+            HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,
+            WRITE_LSE=WRITE_LSE, INTERPRETED=INTERPRETED,
         )  # fmt: skip
     else:
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
-            qk_scale, BLOCK_N, HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, False, INTERPRETED,
+            qk_scale, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
+            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
-            causal_shift, qk_scale, BLOCK_N, HEAD_DIM, K_TOKEN_STRIDE, V_TOKEN_STRIDE, CAUSAL, True,
-            INTERPRETED,
+            causal_shift, qk_scale, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL,
+            MASKED=True, INTERPRETED=INTERPRETED,
         )  # fmt: skip
     _store_rows(
-        acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M,
-        HEADS_PER_TILE, HEAD_DIM, NUM_HEADS, WRITE_LSE, INTERPRETED,
+        acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M=BLOCK_M,
+        HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,
+        WRITE_LSE=WRITE_LSE, INTERPRETED=INTERPRETED,
     )  # fmt: skip

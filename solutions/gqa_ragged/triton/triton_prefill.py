@@ -18,6 +18,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 from .arguments import (
     PADDED_NAMES,
@@ -44,31 +45,35 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
-# The kernel's constexpr parameters, in signature order, after its 11 run-time arguments.
-_CONSTEXPRS = tuple(inspect.signature(gqa_prefill_fwd.fn).parameters)[11:]
+# The kernel's parameters by kind, in signature order: a compiled kernel takes them all
+# positionally.
+_PARAMETERS = inspect.signature(gqa_prefill_fwd.fn).parameters.values()
+_RUNTIME_ARGS = tuple(p.name for p in _PARAMETERS if p.annotation is not tl.constexpr)
+_CONSTEXPRS = tuple(p.name for p in _PARAMETERS if p.annotation is tl.constexpr)
 
 
-def _launch(grid, meta, runners, args) -> None:
-    """gqa_prefill_fwd[grid](*args, **meta), in a fraction of the host time once warm.
+def _launch(grid, meta, runners, **kwargs) -> None:
+    """gqa_prefill_fwd[grid](**kwargs, **meta), in a fraction of the host time once warm.
 
     The JIT binds and specializes every argument on every call (22-31 us of host time a call on
     the H100 machine, more than a short prompt's kernel), so the compiled kernel it returns is
     kept in the plan's `runners`, per device, and launched directly while the pointers keep the
-    16-byte alignment it was specialized on. The plan fixes everything else the compiled kernel
-    depends on (dtypes, which arguments are None, the constexprs; the integers are not
-    specialized). Other pointers, and the interpreter, take the JIT path."""
-    aligned = not INTERPRET and all(a is None or a.data_ptr() % 16 == 0 for a in args[:7])
-    if aligned:
+    16-byte alignment it was specialized on (every call's pointers have it: check_placement).
+    The plan fixes everything else the compiled kernel depends on (dtypes, which arguments are
+    None, the constexprs; the integers are not specialized). The interpreter takes the JIT
+    path."""
+    args = [kwargs[name] for name in _RUNTIME_ARGS]
+    if not INTERPRET:
         device = args[0].get_device()
         runner = runners.get(device)
         if runner is not None:
             runner(*args)
             return
     constexprs = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
-    compiled = gqa_prefill_fwd[grid](*args, **constexprs)
-    if aligned:
+    compiled = gqa_prefill_fwd[grid](**kwargs, **constexprs)
+    if not INTERPRET:
         launch = compiled[(grid[0], grid[1], 1)]
-        values = tuple(constexprs[name] for name in _CONSTEXPRS)
+        values = [constexprs[name] for name in _CONSTEXPRS]
         runners[device] = lambda *run_args: launch(*run_args, *values)
 
 
@@ -182,8 +187,9 @@ def launch_padded(plan, q, k, v, out):
     grid, meta, batch, seq_q, seq_kv, runners = plan
     if grid[0] == 0:
         return  # no query row
-    args = (q, k, v, out, None, None, None, batch, seq_q, seq_kv, PADDED_QK_SCALE)
-    _launch(grid, meta, runners, args)
+    _launch(grid, meta, runners, q=q, k=k, v=v, out=out, lse=None, qo_indptr=None,
+            kv_indptr=None, num_seqs=batch, seq_q=seq_q, seq_kv=seq_kv,
+            qk_scale=PADDED_QK_SCALE)  # fmt: skip
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
@@ -222,6 +228,6 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write
-    args = (q, k, v, output, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
-            sm_scale * LOG2_E)  # fmt: skip
-    _launch(grid, meta, runners, args)
+    _launch(grid, meta, runners, q=q, k=k, v=v, out=output, lse=lse, qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr, num_seqs=batch, seq_q=total_q, seq_kv=total_kv,
+            qk_scale=sm_scale * LOG2_E)  # fmt: skip

@@ -35,15 +35,15 @@ def main():
         q, k, v, qo, kv, scale = inputs
         out, lse = outputs
         plan = triton_mod._plan_ragged(q, k, v, qo, kv, out, lse)
-        grid, meta, nseq, total_q, _ = plan
+        grid, meta, nseq, total_q, total_kv, _ = plan
         names = ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse")
         tensors = (q, k, v, qo, kv, out, lse)
         pieces = {
-            "triton: checks": lambda: triton_mod._check_placement(names, tensors),
+            "triton: checks": lambda: triton_mod.check_placement(names, tensors),
             "triton: launch_ragged": lambda: triton_mod.launch_ragged(plan, *inputs, *outputs),
         }
         # The JIT path that launch_ragged skips once warm (_launch in triton_prefill.py).
-        jit_args = (q, k, v, out, lse, qo, kv, nseq, 0, 0, scale * triton_mod.LOG2_E)
+        jit_args = (q, k, v, out, lse, qo, kv, nseq, total_q, total_kv, scale * triton_mod.LOG2_E)
         constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **meta)
         launch = triton_mod.gqa_prefill_fwd[grid]
         pieces["triton: jit launch"] = functools.partial(launch, *jit_args, **constexprs)

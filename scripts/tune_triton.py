@@ -26,28 +26,8 @@ from prefill_bundle.testing import (
 )
 from prefill_bundle.workloads import RAGGED_BATCHES
 
-# Measured on the H100 (2026-11-23, see issue notes): K/V through TMA descriptors and
-# tl.range(warp_specialize=True) did not beat plain pointer loads (TMA 0.70-0.74x FlashInfer vs
-# 0.72-0.78x), and warp specialization fails to compile for sm_90 in Triton 3.6; so they are gone.
-# 2026-11-24, H100, kernel time vs FlashInfer on the three BIG shapes: the default 0.74 / 0.79 /
-# 0.73; BLOCK_N 128 (2 or 3 stages) 0.66-0.74; 4 warps 0.22; 4 stages 0.73 / 0.78 / 0.69;
-# BLOCK_M 256 0.61-0.67; 64 x 128 0.44-0.50; one head per tile, 128 x 128 0.65-0.74. Q K^T of
-# tile t + 1 issued before the softmax of tile t (FA3's overlap by hand): 0.65 / 0.69 / 0.67 with
-# 3 stages, worse with 2 stages or BLOCK_N 128: Triton 3.6 waits for the dot at once, and the
-# second live score tile costs registers. Removed.
-# 2026-11-24, H100, kernel time: a persistent causal kernel (grid = SMs, items drawn from an
-# atomic counter, every sequence's heaviest tiles first, as the CUDA and TileLang kernels do)
-# measured 0.69 / 0.77 against 0.76 / 0.79 for one program per tile (same call): the loop around
-# the tile body costs Triton 3.6 more than the balance gains. Not kept.
-# 2026-11-24 (3), H100, kernel time on the three BIG shapes: two CTAs per SM (128 x 64, 2 stages,
-# maxnreg 128: 80-104 B spilled) 0.72 / 0.71 / 0.70 vs 0.74 / 0.77 / 0.72 for the default; 64 x 64
-# with 4 warps and 2 stages 0.64 / 0.61 / 0.57. Not kept. Kept: tiles of two paired 128-row blocks
-# (ROW_BLOCKS = 2, _attend_kv_tiles_paired): 0.80 / 0.84 / 0.79 first, 0.83 / 0.86 / 0.85 once the
-# output addresses stopped being kept live through the loops (88 -> 16-32 B spilled) vs 0.73 / 0.76
-# / 0.74 for one block (same call); 4 stages 0.80 / 0.84 / 0.81; 2 stages (before that fix)
-# 0.73 / 0.76 / 0.67. Then the diagonal tiles paired too (one masked paired loop instead of one
-# per block): 0.82 / 0.87 / 0.84, and causal batches of 4-8K tokens 0.76-0.77 vs 0.72-0.76 for
-# one block (--mid, same call). CONFIGS[1] is what the plans pick for the big shapes.
+# What was measured with it, kept or not: solutions/gqa_ragged/triton/TUNING.md.
+# CONFIGS[1] is what the plans pick for the big shapes.
 CONFIGS = [
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=1, num_warps=8, num_stages=3),
     dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8, num_stages=3),

@@ -90,11 +90,9 @@ def _launch_config(tokens_per_seq: float, slots, num_sms: int, causal: bool) -> 
     The four query heads of a KV group always share a tile (HEADS_PER_TILE = 4): K/V tiles are
     loaded once for the group, a short sequence still fills a tl.dot's rows, and the causal
     diagonal of a 128-row block spans 32 tokens instead of 128. Two paired 128-row blocks per
-    tile (ROW_BLOCKS = 2) overlap softmax with the tensor cores. Kernel time on the H100 against
-    FlashInfer (issue notes; scripts/tune_triton.py): paired blocks 0.82-0.87 vs 0.74-0.76 for
-    one on the big shapes, 0.92 vs 0.81 on 4x512 non-causal, 0.76 vs 0.72-0.74 on causal
-    batches of 4-8K tokens; below about four waves of 32-token tiles, 64-row tiles win (4x512
-    causal: 0.82 vs 0.77). BLOCK_N = 128 spills.
+    tile (ROW_BLOCKS = 2) overlap softmax with the tensor cores; below about four waves of
+    32-token tiles, 64-row tiles win; BLOCK_N = 128 spills. The measurements behind each
+    threshold: TUNING.md.
     """
     if INTERPRET:
         # The interpreter pays per program and per op, not per element; small tiles still make

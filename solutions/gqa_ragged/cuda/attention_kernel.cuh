@@ -13,6 +13,12 @@
 //
 // Causal masks are bottom-right aligned per sequence: query i sees key j iff
 // j <= i + seq_kv - seq_q. A row that sees no key ends with output 0 and lse -inf.
+//
+// q, k and v may be token-strided (any token stride, heads dense); out and lse are contiguous.
+//
+// Ragged batches: the host never reads indptr values. Each CTA checks that the batch is valid
+// (both indptr arrays non-decreasing from 0 to their totals: batch_part_ok); if it is not, only
+// well-formed sequences are computed and every other row comes back NaN (poison_slab).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
@@ -42,10 +48,11 @@ static_assert(kBlockM == kNumWarps * 16, "each warp owns one m16 row block");
 static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "fragment loops assume multiples of 16");
 
 struct Params {
-  const void* q;  // [tokens, 32, 128]
-  const void* k;  // [tokens, 8, 128]
-  const void* v;
-  void* out;        // like q
+  const void* q;  // [tokens, 32, 128], tokens q_stride elements apart
+  const void* k;  // [tokens, 8, 128], tokens k_stride elements apart
+  const void* v;  // like k, v_stride
+  int q_stride, k_stride, v_stride;
+  void* out;        // [tokens, 32, 128], contiguous
   float* lse;       // [tokens, 32] base-2 log-sum-exp, or nullptr (padded definition)
   const int* qo_indptr;  // ragged only: [batch + 1]
   const int* kv_indptr;
@@ -126,36 +133,44 @@ struct ElementOps<__nv_bfloat16> {
 
 // ---- Tile loads ---------------------------------------------------------------------------
 
-// One thread's share of a K or V tile: 4 of the tile's 64 rows (row_in_tile + 16 i), one
-// 16-byte chunk of each. Rows at or past the sequence end are zero-filled without a global
-// read (src pointing at the tensor's first row, passed from the kernel parameters so that it
-// costs no register), so padding keys give 0 * 0 in P V, not garbage.
+// Element offset of token `row` (>= 0) of a tensor whose tokens are `stride` elements apart:
+// one 32 x 32 -> 64-bit multiply.
+__device__ __forceinline__ uint64_t token_offset(int row, int stride) {
+  return uint64_t(uint32_t(row)) * uint32_t(stride);
+}
+
+// One thread's share of K and V tiles: 4 of a tile's 64 rows (row_in_tile + 16 i), one 16-byte
+// chunk of each. Rows at or past the sequence end are zero-filled without a global read (src
+// pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage.
 template <typename T>
 struct KvTileLoader {
-  const T* thread_src;  // this thread's chunk of sequence row row_in_tile
-  uint32_t thread_dst;  // shared-memory byte address of the chunk in tile row row_in_tile
+  const T* k_src;       // this thread's chunk of the sequence's k row row_in_tile
+  const T* v_src;       // ... and of its v row
+  uint32_t thread_dst;  // shared-memory byte address of the chunk in K's tile row row_in_tile
   int row_in_tile;
 
-  static constexpr int64_t kRowStride = int64_t(kNumKvHeads) * kHeadDim;
   static constexpr int kRowsPerPass = kNumThreads / kChunksPerRow;
 
-  __device__ __forceinline__ KvTileLoader(const T* tensor, int seq_start, int kv_head,
-                                          const T* smem_tile, int tid) {
+  __device__ __forceinline__ KvTileLoader(const Params& p, int seq_start, int kv_head,
+                                          const T* k_tile, int tid) {
     row_in_tile = tid / kChunksPerRow;
-    const int chunk = tid % kChunksPerRow;
-    thread_src =
-        tensor + int64_t(seq_start + row_in_tile) * kRowStride + kv_head * kHeadDim + chunk * 8;
-    thread_dst = smem_addr(smem_tile + row_in_tile * kSmemStride + chunk * 8);
+    const int column = kv_head * kHeadDim + tid % kChunksPerRow * 8;
+    k_src = static_cast<const T*>(p.k) + token_offset(seq_start + row_in_tile, p.k_stride) + column;
+    v_src = static_cast<const T*>(p.v) + token_offset(seq_start + row_in_tile, p.v_stride) + column;
+    thread_dst = smem_addr(k_tile + row_in_tile * kSmemStride + column % kHeadDim);
   }
 
-  // Loads keys [key0, key0 + 64) of a sequence of seq_len keys; tensor: its first row.
-  __device__ __forceinline__ void load(int key0, int seq_len, const void* tensor) const {
+  // Loads keys [key0, key0 + 64) of a sequence of seq_len keys from src (k_src or v_src; tokens
+  // token_stride elements apart; tensor: its first row) into the tile tile_offset bytes past K's.
+  __device__ __forceinline__ void load(const T* src, const void* tensor, int token_stride,
+                                       uint32_t tile_offset, int key0, int seq_len) const {
 #pragma unroll
     for (int i = 0; i < kBlockN / kRowsPerPass; ++i) {
       const int key = key0 + i * kRowsPerPass;
       const bool valid = key + row_in_tile < seq_len;
-      const void* src = valid ? static_cast<const void*>(thread_src + key * kRowStride) : tensor;
-      cp_async_16(thread_dst + i * kRowsPerPass * kSmemStride * 2, src, valid ? 16 : 0);
+      cp_async_16(thread_dst + tile_offset + i * kRowsPerPass * kSmemStride * 2,
+                  valid ? static_cast<const void*>(src + token_offset(key, token_stride)) : tensor,
+                  valid ? 16 : 0);
     }
   }
 };
@@ -173,10 +188,94 @@ struct TileCoords {
   int kv_len;         // keys [0, kv_len) are visible to at least one row of the tile
 };
 
+// ---- Ragged batches with malformed indptr values (read only here, never on the host) ---------
+//
+// The batch is valid iff both arrays are non-decreasing from 0 to their totals; then every
+// sequence is well-formed. Otherwise sequence s is well-formed iff, in both arrays,
+// 0 <= a[s] <= a[s + 1] <= total, no earlier boundary lies after a[s] and no later one before
+// a[s + 1]: well-formed sequences are computed as usual, every other row of q gets NaN in
+// output and lse. The binary searches below find every well-formed sequence whatever the other
+// values (each probe before s is <= a[s], each one after s is >= a[s + 1]).
+
+// This thread's part of the validity test (all parts together: the batch is valid).
+__device__ __forceinline__ bool indptr_part_ok(const int* a, int n, int total, int thread,
+                                               int num_threads) {
+  bool ok = thread != 0 || (__ldg(a) == 0 && __ldg(a + n) == total);
+#pragma unroll 1
+  for (int i = thread; i < n; i += num_threads) ok &= __ldg(a + i) <= __ldg(a + i + 1);
+  return ok;
+}
+__device__ __forceinline__ bool batch_part_ok(const Params& p, int thread, int num_threads) {
+  return indptr_part_ok(p.qo_indptr, p.batch, p.total_q, thread, num_threads) &&
+         indptr_part_ok(p.kv_indptr, p.batch, p.total_kv, thread, num_threads);
+}
+
+__device__ __forceinline__ bool sequence_well_formed(const Params& p, int s) {
+  const int q_begin = __ldg(p.qo_indptr + s), q_end = __ldg(p.qo_indptr + s + 1);
+  const int kv_begin = __ldg(p.kv_indptr + s), kv_end = __ldg(p.kv_indptr + s + 1);
+  bool ok = 0 <= q_begin && q_begin <= q_end && q_end <= p.total_q && 0 <= kv_begin &&
+            kv_begin <= kv_end && kv_end <= p.total_kv;
+  // Boundaries 0 .. s must not lie after the sequence's start, s + 1 .. n not before its end.
+#pragma unroll 1
+  for (int i = 0; i <= p.batch; ++i) {
+    const int q = __ldg(p.qo_indptr + i), kv = __ldg(p.kv_indptr + i);
+    ok &= i <= s ? q <= q_begin && kv <= kv_begin : q >= q_end && kv >= kv_end;
+  }
+  return ok;
+}
+
+// Whether query row r belongs to a well-formed sequence: the last one starting at or before r.
+__device__ __forceinline__ bool row_covered(const Params& p, int r) {
+  int lo = 0, hi = p.batch - 1;
+#pragma unroll 1
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (__ldg(p.qo_indptr + mid) <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return __ldg(p.qo_indptr + lo) <= r && r < __ldg(p.qo_indptr + lo + 1) &&
+         sequence_well_formed(p, lo);
+}
+
+// Malformed batches only: NaN in output and lse (the 4 heads of kv_head) for the rows of
+// slot * 32 .. slot * 32 + 31 that no well-formed sequence covers. The slabs of all slots
+// cover q's rows; each (slot, KV head) item's slab is poisoned by whoever takes the item,
+// kThreads threads together (thread: 0 .. kThreads - 1). Computed rows are never poisoned.
+template <typename T, int kThreads>
+__device__ __forceinline__ void poison_slab(const Params& p, int slot, int kv_head, int thread) {
+  static_assert(kThreads == 1 || kThreads % kTokensPerTile == 0, "whole rows per pass");
+  constexpr int kThreadsPerRow = kThreads == 1 ? 1 : kThreads / kTokensPerTile;
+  constexpr int kChunks = kGroupSize * kChunksPerRow;  // a row's 4 heads: 1 KiB, contiguous
+  // 0x7fff is a NaN both as float16 and as bfloat16.
+  const uint4 nan_pairs = make_uint4(0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu);
+  const float nan = __int_as_float(0x7fffffff);
+#pragma unroll 1
+  for (int token = thread / kThreadsPerRow; token < kTokensPerTile;
+       token += kThreads / kThreadsPerRow) {
+    const int64_t row = int64_t(slot) * kTokensPerTile + token;
+    if (row >= p.total_q || row_covered(p, int(row))) continue;
+    uint4* out = reinterpret_cast<uint4*>(static_cast<T*>(p.out) +
+                                          (row * kNumHeads + kv_head * kGroupSize) * kHeadDim);
+#pragma unroll 1
+    for (int chunk = thread % kThreadsPerRow; chunk < kChunks; chunk += kThreadsPerRow) {
+      out[chunk] = nan_pairs;
+    }
+    if (thread % kThreadsPerRow == 0) {
+      *reinterpret_cast<float4*>(p.lse + row * kNumHeads + kv_head * kGroupSize) =
+          make_float4(nan, nan, nan, nan);
+    }
+  }
+}
+
 // The query tile of CTA slot `slot` (blockIdx.x / 8); false for a spare slot (uniform over
-// the CTA, which then returns).
+// the CTA, which then returns) and, in a malformed batch (!batch_ok), for a slot of a sequence
+// that is not well-formed.
 template <bool kCausal, bool kRagged>
-__device__ __forceinline__ bool locate_tile(const Params& p, int slot, TileCoords& t) {
+__device__ __forceinline__ bool locate_tile(const Params& p, int slot, bool batch_ok,
+                                            TileCoords& t) {
   // Row indices fit in 32 bits (the host checks batch * seq_q and batch * seq_kv); element
   // offsets are 64-bit.
   int q_start, seq_q, local;
@@ -193,6 +292,7 @@ __device__ __forceinline__ bool locate_tile(const Params& p, int slot, TileCoord
         hi = mid - 1;
       }
     }
+    if (!batch_ok && !sequence_well_formed(p, lo)) return false;
     const int qo_begin = __ldg(p.qo_indptr + lo);
     // Clamped so that an inconsistent indptr cannot address outside the tensors.
     const int q_begin = min(max(qo_begin, 0), p.total_q);
@@ -408,20 +508,26 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
   T* sV = sK + kBlockN * kSmemStride;
 
   const int kv_head = blockIdx.x % kNumKvHeads;
+  const int slot = blockIdx.x / kNumKvHeads;
+  const int tid = threadIdx.x;
+  bool batch_ok = true;
+  if constexpr (kRagged) {
+    batch_ok = __syncthreads_and(batch_part_ok(p, tid, kNumThreads));
+    if (!batch_ok) poison_slab<T, kNumThreads>(p, slot, kv_head, tid);
+  }
   TileCoords t;
-  if (!locate_tile<kCausal, kRagged>(p, blockIdx.x / kNumKvHeads, t)) return;
+  if (!locate_tile<kCausal, kRagged>(p, slot, batch_ok, t)) return;
   const int num_kv_tiles = (t.kv_len + kBlockN - 1) / kBlockN;
 
-  const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int group = lane / 4;      // mma row within the 8-row half
   const int quad_lane = lane % 4;  // mma column pair
 
   // Row r of the tile is token tok0 + r / 4, head 4 * kv_head + r % 4: consecutive rows are
-  // consecutive 128-element rows of q / out (stride 128 elements), tokens 32 * 128 apart.
-  const T* q_tile = static_cast<const T*>(p.q) +
-                    (int64_t(t.q_row0) * kNumHeads + kv_head * kGroupSize) * kHeadDim;
+  // consecutive 128-element rows of q / out (stride 128 elements), tokens q_stride apart.
+  const T* q_tile = static_cast<const T*>(p.q) + token_offset(t.q_row0, p.q_stride) +
+                    kv_head * kGroupSize * kHeadDim;
 
   // Rows of the tile are (token, head) with head fastest, so they are rows of q with the
   // 4 heads' stride kHeadDim, except that a token advances 32 heads: load row by row.
@@ -434,14 +540,14 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
       const int token = row / kGroupSize;
       const bool valid = token < t.tile_tokens;
       const T* src = q_tile +
-                     (valid ? (int64_t(token) * kNumHeads + row % kGroupSize) * kHeadDim : 0) +
+                     (valid ? token_offset(token, p.q_stride) + row % kGroupSize * kHeadDim : 0) +
                      chunk * 8;
       cp_async_16(smem_addr(sQ + row * kSmemStride + chunk * 8), src, valid ? 16 : 0);
     }
   }
-  const KvTileLoader<T> k_loader(static_cast<const T*>(p.k), t.kv_start, kv_head, sK, tid);
-  const KvTileLoader<T> v_loader(static_cast<const T*>(p.v), t.kv_start, kv_head, sV, tid);
-  if (num_kv_tiles > 0) k_loader.load(0, t.seq_kv, p.k);
+  const KvTileLoader<T> kv_loader(p, t.kv_start, kv_head, sK, tid);
+  constexpr uint32_t kVTileOffset = kBlockN * kSmemStride * 2;  // sV - sK, bytes
+  if (num_kv_tiles > 0) kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, 0, t.seq_kv);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -476,7 +582,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
       cp_async_wait_all();  // K[n] has landed ...
       __syncthreads();      // ... for all threads, and every warp is done reading V[n - 1]
     }
-    v_loader.load(key0, t.seq_kv, p.v);
+    kv_loader.load(kv_loader.v_src, p.v, p.v_stride, kVTileOffset, key0, t.seq_kv);
     cp_async_commit();
 
     // S = Q K^T: 16 rows x 64 keys per warp.
@@ -509,7 +615,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     cp_async_wait_all();  // V[n] has landed ...
     __syncthreads();      // ... for all threads, and every warp is done reading K[n]
     if (n + 1 < num_kv_tiles) {
-      k_loader.load(key0 + kBlockN, t.seq_kv, p.k);
+      kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, key0 + kBlockN, t.seq_kv);
       cp_async_commit();
     }
 
@@ -541,7 +647,8 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
 // FlashAttention-3's structure, with the same 128-row query tiles, row order and tile placement
 // as the portable kernel. 384 threads in three warpgroups:
 //   producer (warpgroup 0, one thread): takes work items (query tile, KV head), finds their
-//     sequence (locate_tile) and hands them to the consumers through a 2-slot item buffer,
+//     sequence (locate_tile; in a malformed ragged batch it also poisons every item's slab,
+//     spare ones included) and hands them to the consumers through a 2-slot item buffer,
 //     then loads Q and streams K/V tiles with TMA into a 2-stage ring, each load completing
 //     on an mbarrier (full), each stage reused once the consumers release it (empty);
 //   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
@@ -856,7 +963,14 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  // Ragged: whether the batch is valid, checked once by all threads together (the producer
+  // alone uses it).
+  bool batch_ok = true;
+  if constexpr (kRagged) {
+    batch_ok = __syncthreads_and(batch_part_ok(p, tid, kWgmmaThreads));
+  } else {
+    __syncthreads();
+  }
 
   if (tid < 128) {
     // ---- Producer warpgroup: one thread works, the others leave.
@@ -873,11 +987,14 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       w.valid = 0;
       while (item < hp.num_items) {
         w.kv_head = item % kNumKvHeads;
-        if (locate_tile<kCausal, kRagged>(p, item / kNumKvHeads, w.t)) {
+        const int tile_slot = item / kNumKvHeads;
+        // Every item this thread draws passes here once, spare ones included.
+        if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
+        if (locate_tile<kCausal, kRagged>(p, tile_slot, batch_ok, w.t)) {
           w.valid = 1;
           break;
         }
-        item = next_item(hp, item);  // a spare slot of a ragged batch
+        item = next_item(hp, item);  // a spare or malformed sequence's slot of a ragged batch
       }
       const uint32_t slot = n_item % 2;
       mbarrier_wait(item_empty + 8 * slot, ((n_item / 2) & 1) ^ 1);

@@ -2,14 +2,17 @@
 
 1. Every kernel variant the solutions use lowers and compiles for sm_90a here, and its CUDA source
    has the Hopper path: asynchronous K/V loads (TMA from a producer warp), wgmma for Q K^T
-   (both operands in shared memory) and for P V (P from registers).
+   (both operands in shared memory) and for P V (P from registers), and the malformed-batch
+   path (checks shared out over warp lanes, NaN rows). A token stride changes no device code.
 2. The same TileLang program, its allocations made local and its grid a loop nest, runs through
-   TileLang's C backend behind the packed entry points on the shared CPU cases. That checks the
-   program's own arithmetic (tile-to-sequence search, causal bounds, masks, empty rows, guarded
-   stores) and the entry points' host logic, not the Hopper lowering.
+   TileLang's C backend behind the packed entry points on the shared CPU cases, fused-QKV and
+   malformed batches included. That checks the program's own arithmetic (tile-to-sequence
+   search, causal bounds, masks, empty rows, guarded stores, the malformed-batch tests and
+   poisoning) and the entry points' host logic, not the Hopper lowering.
 3. The argument checks raise a ValueError naming the argument, before anything touches CUDA.
 """
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -21,13 +24,20 @@ import tilelang
 import torch
 
 from prefill_bundle.testing import (
+    CPU_FUSED_CASES,
     CPU_PADDED_CASES,
     CPU_RAGGED_CASES,
+    MALFORMED_BATCHES,
+    MalformedBatch,
     PaddedCase,
     RaggedCase,
     build_solution,
+    check_malformed_outputs,
     check_outputs,
+    fused_qkv_inputs,
     make_inputs,
+    malformed_expected,
+    malformed_inputs,
     reference_outputs,
     run_solution,
 )
@@ -50,17 +60,22 @@ def kernel_module():
 _compiled = {}
 
 
+def compile_fresh(kernels, dtype: str, causal: bool):
+    tilelang.disable_cache()  # really compile, whatever an earlier run left on disk
+    try:
+        start = time.perf_counter()
+        kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
+        print(f"compiled {dtype} causal={causal} in {time.perf_counter() - start:.1f} s")
+    finally:
+        tilelang.enable_cache()
+    return kernel
+
+
 def compiled(dtype: str, causal: bool):
+    """(device source, host source) of a variant."""
     if (dtype, causal) not in _compiled:
-        kernels = kernel_module()
-        tilelang.disable_cache()  # really compile, whatever an earlier run left on disk
-        try:
-            start = time.perf_counter()
-            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
-            print(f"compiled {dtype} causal={causal} in {time.perf_counter() - start:.1f} s")
-        finally:
-            tilelang.enable_cache()
-        _compiled[(dtype, causal)] = kernel.get_kernel_source()
+        kernel = compile_fresh(kernel_module(), dtype, causal)
+        _compiled[(dtype, causal)] = kernel.get_kernel_source(), kernel.adapter.get_host_source()
     return _compiled[(dtype, causal)]
 
 
@@ -72,7 +87,7 @@ def test_variants_cover_both_entry_points():
 
 @pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
 def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
-    source = compiled(dtype, causal)
+    source, _ = compiled(dtype, causal)
     operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
     if kernel_module().block_config(dtype, causal).get("ws"):
         assert "tl::tma_load(" in source  # a producer warp loads K/V by TMA ...
@@ -84,36 +99,76 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     assert "exp2" in source
 
 
-# 2. The TileLang program on the CPU behind the packed entry points ---------------------------
+@pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
+def test_compiles_the_malformed_batch_path(dtype, causal):
+    """The batch test (once per block, in the producer warpgroup's second warp) and the sequence
+    test (malformed batches only) are shared out over a warp's lanes and ANDed by a vote; the
+    producer waits for the batch verdict; rows are poisoned with NaN in output and lse."""
+    source, _ = compiled(dtype, causal)
+    assert source.count("__all_sync(") == 2
+    assert "batch_checked[0].wait(0);" in source
+    assert "std::numeric_limits<" in source and ">::quiet_NaN();" in source  # output rows
+    assert "] = CUDART_NAN_F;" in source  # lse rows
 
-# (pattern in the kernel source, its CPU form): the C backend runs the grid as loops, one tile
-# program at a time, on local buffers only; T.Parallel over local buffers becomes a serial grid.
-_CPU_FORM = [
-    ("T.alloc_shared(", "T.alloc_local("),
-    ("T.alloc_fragment(", "T.alloc_local("),
-    ("T.Parallel(", "T.grid("),
-    (", threads=threads)", ")"),
-]
+
+@pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
+def test_token_strides_reach_the_tma_descriptors(dtype, causal):
+    """The host code reads each of q, k and v's token stride from the tensor on every call and
+    gives it to that tensor's TMA descriptor (in bytes): any stride, no copy."""
+    _, host = compiled(dtype, causal)
+    for name in ("q", "k", "v"):
+        assert f"int32_t {name}_stride = " in host
+        assert f"(((int64_t){name}_stride) * (int64_t)2)" in host
 
 
-def cpu_kernel_module(tmp_path_factory):
+# The kernel's token-strided declaration of q, k and v, and a contiguous one.
+_STRIDED = "T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1], dtype)"
+_CONTIGUOUS = "T.Tensor([rows, heads, HEAD_DIM], dtype)"
+
+
+def rewritten_kernel_module(folder, name: str, replacements: list):
+    """gqa_prefill_kernel.py with its source text rewritten (each pattern must occur)."""
     source = importlib.util.find_spec(kernel_module().__name__).origin
     text = open(source).read()
-    for pattern, cpu_form in _CPU_FORM:
+    for pattern, replacement in replacements:
         assert pattern in text, f"the kernel no longer contains {pattern!r}"
-        text = text.replace(pattern, cpu_form)
+        text = text.replace(pattern, replacement)
     # TileLang parses the kernel's source text: the module must live in a real file.
-    path = tmp_path_factory.mktemp("tilelang_cpu") / "gqa_prefill_kernel_cpu.py"
+    path = folder / f"{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("gqa_prefill_kernel_cpu", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def test_token_stride_changes_no_device_code(tmp_path):
+    """Contiguous inputs run the code they ran before q, k and v took a token stride: the
+    kernel declared contiguous compiles to the same CUDA source."""
+    contiguous = rewritten_kernel_module(tmp_path, "contiguous", [(_STRIDED, _CONTIGUOUS)])
+    source = compile_fresh(contiguous, "bfloat16", True).get_kernel_source()
+    assert source == compiled("bfloat16", True)[0]
+
+
+# 2. The TileLang program on the CPU behind the packed entry points ---------------------------
+
+# (pattern in the kernel source, its CPU form): the C backend runs the grid as loops, one tile
+# program at a time, on local buffers only; T.Parallel over local buffers becomes a serial grid.
+# Its wrapper cannot pass a symbolic stride: q, k and v are declared contiguous (and _launcher
+# makes them so).
+_CPU_FORM = [
+    ("T.alloc_shared(", "T.alloc_local("),
+    ("T.alloc_fragment(", "T.alloc_local("),
+    ("T.Parallel(", "T.grid("),
+    (", threads=threads)", ")"),
+    (_STRIDED, _CONTIGUOUS),
+]
+
+
 @pytest.fixture(scope="module")
 def cpu_kernels(tmp_path_factory):
-    module = cpu_kernel_module(tmp_path_factory)
+    folder = tmp_path_factory.mktemp("tilelang_cpu")
+    module = rewritten_kernel_module(folder, "gqa_prefill_kernel_cpu", _CPU_FORM)
     cache = {}
 
     def get(causal: bool, config: dict):
@@ -133,15 +188,13 @@ def cpu_kernels(tmp_path_factory):
 
 
 def _launcher(kernel):
-    """A stand-in for the compiled CUDA kernel with the same arguments; bfloat16 via float16."""
+    """A stand-in for the compiled CUDA kernel with the same arguments; bfloat16 via float16,
+    token-strided q, k, v via contiguous copies."""
 
-    def launch(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, scheduler):
-        if q.dtype == F16:
-            return kernel(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, scheduler)
-        output16 = torch.empty_like(output, dtype=F16)
-        kernel(
-            q.half(), k.half(), v.half(), qo_indptr, kv_indptr, sm_scale, output16, lse, scheduler
-        )
+    def launch(q, k, v, qo_indptr, kv_indptr, kv_rows, sm_scale, output, lse, scheduler):
+        q, k, v = (x.to(F16).contiguous() for x in (q, k, v))
+        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        kernel(q, k, v, qo_indptr, kv_indptr, kv_rows, sm_scale, output16, lse, scheduler)
         output.copy_(output16)
 
     return launch
@@ -169,14 +222,9 @@ def cpu_form_of(config: dict) -> dict:
     return config
 
 
-@pytest.mark.parametrize("config", CPU_CONFIGS)
-@pytest.mark.parametrize(
-    "solution,case",
-    [("tilelang_mini", c) for c in CPU_PADDED_CASES]
-    + [("tilelang_ragged", c) for c in CPU_RAGGED_CASES],
-    ids=lambda p: p if isinstance(p, str) else p.id,
-)
-def test_program_on_cpu_matches_reference(solution, case, config, cpu_kernels, monkeypatch):
+def run_on_cpu(monkeypatch, cpu_kernels, solution: str, config: str) -> None:
+    """Point the packed entry `solution` at the CPU program, with config's tiles, its device
+    checks told that CPU tensors are fine, and no plan from an earlier test."""
     entry = entry_module(solution)
     block_config = kernel_module().block_config
 
@@ -184,14 +232,66 @@ def test_program_on_cpu_matches_reference(solution, case, config, cpu_kernels, m
         tiles = CPU_CONFIGS[config] or cpu_form_of(block_config(entry._DTYPES[dtype], causal))
         return _launcher(cpu_kernels(causal, tiles))
 
+    contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
+    for name in ("check_layout", "check_placement"):
+        check = functools.partial(getattr(contract, name), interpreted=True)
+        monkeypatch.setattr(entry, name, check)
     monkeypatch.setattr(entry, "_kernel", kernel)
-    monkeypatch.setattr(entry, "_check_devices", lambda names, tensors: None)
-    monkeypatch.setattr(entry, "_padded_plans", {})
+    monkeypatch.setattr(entry, "_padded_plans", contract.PlanCache())
+    monkeypatch.setattr(entry, "_ragged_plans", contract.PlanCache())
     monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))
+
+
+def solution_of(case) -> str:
+    return "tilelang_mini" if isinstance(case, PaddedCase) else "tilelang_ragged"
+
+
+@pytest.mark.parametrize("config", CPU_CONFIGS)
+@pytest.mark.parametrize(
+    "case",
+    # No key rows at all: the kernel runs on a stand-in K/V row that no sequence may see.
+    CPU_PADDED_CASES + CPU_RAGGED_CASES + [RaggedCase((5, 3), (0, 0))],
+    ids=lambda c: c.id,
+)
+def test_program_on_cpu_matches_reference(case, config, cpu_kernels, monkeypatch):
+    run_on_cpu(monkeypatch, cpu_kernels, solution_of(case), config)
     inputs = make_inputs(case, "cpu")
     check_outputs(
-        run_solution(solution, case, make_inputs(case, "cpu")), reference_outputs(case, inputs)
+        run_solution(solution_of(case), case, make_inputs(case, "cpu")),
+        reference_outputs(case, inputs),
     )
+
+
+@pytest.mark.parametrize("case", CPU_FUSED_CASES, ids=lambda c: c.id)
+def test_entry_takes_fused_qkv_views_on_cpu(case, cpu_kernels, monkeypatch):
+    """q, k, v sliced out of one QKV projection pass the checks and reach the kernel as rows at
+    their token stride (the padded ones through a 3-d view of their own)."""
+    run_on_cpu(monkeypatch, cpu_kernels, solution_of(case), "tiles16x32")
+    inputs = make_inputs(case, "cpu", seed=5)
+    actual = run_solution(solution_of(case), case, fused_qkv_inputs(inputs))
+    check_outputs(actual, reference_outputs(case, inputs))
+
+
+CPU_MALFORMED_BATCHES = MALFORMED_BATCHES + [
+    # The search for a slot's sequence falls back to sequence 0 for the slots before it: with
+    # 40 rows before a well-formed sequence 0, 16- and 32-row tiles would start before it.
+    MalformedBatch("qo_start_past_a_tile", (40, 60, 80, 100), (0, 40, 80, 120)),
+    # No key rows: the kernel runs on a stand-in K/V row that no sequence may see.
+    MalformedBatch("no_key_rows", (0, 30, 70, 100), (0, 0, 5, 0), total_kv=0),
+]
+
+
+@pytest.mark.parametrize("config", CPU_CONFIGS)
+@pytest.mark.parametrize("batch", CPU_MALFORMED_BATCHES, ids=lambda b: b.id)
+def test_program_on_cpu_poisons_malformed_batches(batch, config, cpu_kernels, monkeypatch):
+    """Rows of well-formed sequences right, every other row NaN, every row written."""
+    run_on_cpu(monkeypatch, cpu_kernels, "tilelang_ragged", config)
+    inputs = malformed_inputs(batch, "cpu", seed=3)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution("tilelang_ragged")(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
 
 
 # 2b. On a GPU: the persistent kernel's work counters --------------------------------------
@@ -280,7 +380,8 @@ PADDED_ERRORS = {
     "k rank 3": ("k", dict(k=tensor(10, 8, 128))),
     "v seq_kv of 4": ("v", dict(v=tensor(2, 4, 8, 128))),
     "v non-contiguous": ("v", dict(v=transposed(2, 5, 8, 128))),
-    "causal a tensor": ("causal", dict(causal=torch.tensor(True))),
+    "causal an int": ("causal", dict(causal=1)),
+    "causal a 1-d tensor": ("causal", dict(causal=torch.tensor([True]))),
     "out seq 4": ("out", dict(out=tensor(2, 4, 32, 128))),
     "out bfloat16": ("out", dict(out=tensor(2, 3, 32, 128, dtype=BF16))),
     "on the CPU": ("q", dict()),
@@ -323,5 +424,5 @@ def test_ragged_argument_errors(name, changes):
 
 
 def test_device_check_names_the_cpu():
-    with pytest.raises(ValueError, match="^q: expected a tensor on a CUDA device"):
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):
         build_solution("tilelang_ragged")(*ragged_args().values())

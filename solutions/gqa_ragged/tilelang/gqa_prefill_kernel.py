@@ -1,8 +1,9 @@
 """TileLang GQA prefill attention over a ragged batch (32 query heads, 8 KV heads, head dim 128).
 
 One kernel serves both definitions: a padded [batch, seq, heads, dim] batch is a ragged batch of
-batch * seq rows with indptr = arange(batch + 1) * seq. Lengths are symbolic (total_q, total_kv,
-len_indptr), so one compiled kernel per (dtype, causal, tile config) serves every shape.
+batch * seq rows with indptr = arange(batch + 1) * seq. Lengths and the token strides of q, k
+and v are symbolic (total_q, total_kv, len_indptr, q_stride, ...), so one compiled kernel per
+(dtype, causal, tile config) serves every shape and layout.
 
 Work split: work items are (query head, query tile of one sequence). The tiles of all sequences
 are laid out on one axis without a host sync: sequence s owns the slots
@@ -11,6 +12,17 @@ ceil(seq_q / block_M) of them and at most one more, so there are batch + total_q
 slots and an item finds its sequence by a binary search over qo_indptr. A padding grid
 (cdiv(total_q, block_M) tiles x batch) would instead launch batch times too many blocks, each
 holding a full block's shared memory just to exit.
+
+Malformed batches: the indptr values are read on the GPU only. The batch is valid when both
+arrays run non-decreasing from 0 to their row counts (total_q, kv_rows); every block tests that
+once, and in a valid batch nothing else changes. Otherwise sequence s is well-formed when, in
+both arrays, 0 <= a[s] <= a[s + 1] <= rows, no earlier entry exceeds a[s] and no later one is
+below a[s + 1]: its rows are computed as usual (the search still finds its slots, and no two
+well-formed sequences share a row), no other tile computes anything, and each item also writes
+NaN into the rows of its slot's row range [slot * block_M, (slot + 1) * block_M) that no
+well-formed sequence covers, output and lse of its head. The slots' ranges cover every row, and
+nothing reads or writes outside the tensors (TMA loads are bounded, stores fall in well-formed
+sequences' rows or in [0, total_q)).
 
 The solution's kernels (block_config) are FA3's structure written out (gqa_prefill_ws): a TMA
 producer warp, an mbarrier ring of K/V tiles, two consumer warpgroups of 64 query rows issuing
@@ -59,6 +71,13 @@ def block_config(dtype: str, causal: bool) -> dict:
     return dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True)
 
 
+def token_rows(rows, heads, token_stride, dtype):
+    """[rows, heads, 128] with any token stride, heads dense: q, k and v may be slices of a fused
+    QKV projection. The kernels read them through TMA descriptors, which take the stride from
+    the tensor on each call, so a contiguous tensor gets the same device code."""
+    return T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1], dtype)
+
+
 def gqa_prefill(
     dtype: str,
     causal: bool,
@@ -73,10 +92,13 @@ def gqa_prefill(
 ):
     """Build the T.prim_func of one variant.
 
-    Q [total_q, 32, 128], K/V [total_kv, 8, 128] (dtype), qo_indptr/kv_indptr int32
-    [batch + 1], sm_scale float32 -> Output [total_q, 32, 128] (dtype) and LSE [total_q, 32]
-    float32, the base-2 log-sum-exp of the scaled logits. Causal is bottom-right aligned: query
-    i of a sequence sees key j iff j <= i + seq_kv - seq_q. A row that sees no key gets 0 and -inf.
+    Q [total_q, 32, 128], K/V [total_kv, 8, 128] (dtype, any token stride: token_rows),
+    qo_indptr/kv_indptr int32 [batch + 1], kv_rows (the key rows kv_indptr indexes: total_kv,
+    or 0 when K and V are a 1-row stand-in, as a TMA descriptor needs a row), sm_scale float32
+    (> 0) -> Output [total_q, 32, 128] (dtype) and LSE [total_q, 32] float32, the base-2
+    log-sum-exp of the scaled logits; rows that a malformed batch leaves undefined get NaN.
+    Causal is bottom-right aligned: query i of a sequence sees key j iff j <= i + seq_kv - seq_q.
+    A row that sees no key gets 0 and -inf.
     Scheduler int32 [2]: the persistent kernel's work counters, zero before a launch and zero
     again after it (one per stream); the other programs ignore it.
 
@@ -93,29 +115,112 @@ def gqa_prefill(
     total_q = T.dynamic("total_q")
     total_kv = T.dynamic("total_kv")
     len_indptr = T.dynamic("len_indptr")
+    q_stride, k_stride, v_stride = (T.dynamic(f"{x}_stride") for x in "qkv")  # in elements
     batch = len_indptr - 1
     num_slots = batch + total_q // block_M
     accum_dtype = T.float32
     neg_inf = -T.infinity(accum_dtype)
+    nan = T.float32(math.nan)
+
+    def slot_of(item):
+        """The slot of work item `item`: the last slots (under causal the heaviest tiles) first,
+        the 32 heads of a slot side by side (4 of them on each KV tile they load: L2)."""
+        return num_slots - 1 - item // NUM_HEADS
 
     @T.macro
-    def Locate(item, qo_indptr, kv_indptr, seq, tile):
-        """tile = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`: the last
-        slots (under causal the heaviest tiles) first, the 32 heads of a tile side by side (4 of
-        them on each KV tile they load: L2). seq: scratch for the binary search over indptr."""
-        slot = num_slots - 1 - item // NUM_HEADS
+    def Search(first, target, seq):
+        """seq[0] = the last s in [0, batch) with first(s) <= target (0 if none): a binary
+        search that also steers right around a well-formed sequence of a malformed batch."""
         seq[0] = 0
         for bit in T.unroll(MAX_BATCH_BITS):
             probe = seq[0] + (1 << (MAX_BATCH_BITS - 1 - bit))
             if probe < batch:
-                if probe + qo_indptr[probe] // block_M <= slot:
+                if first(probe) <= target:
                     seq[0] = probe
+
+    @T.macro
+    def Locate(item, qo_indptr, kv_indptr, seq, tile):
+        """tile[0:6] = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`.
+        seq: scratch for the search over indptr."""
+        slot = slot_of(item)
+        Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
         tile[0] = qo_indptr[seq[0]]
         tile[1] = qo_indptr[seq[0] + 1] - tile[0]
         tile[2] = kv_indptr[seq[0]]
         tile[3] = kv_indptr[seq[0] + 1] - tile[2]
         tile[4] = (slot - seq[0] - tile[0] // block_M) * block_M  # first query row of the tile
         tile[5] = item % NUM_HEADS
+
+    # Malformed batches (indptr values that are not a partition: see the module docstring).
+    # indptr = (qo_indptr, kv_indptr, kv_rows); each Check gives one lane's share of a test in
+    # ok[0] (the lanes AND them together). Lane `lane` of `lanes` takes the indices i = lane
+    # (mod lanes): T.serial(lane, stop, lanes) would do, but TileLang drops its bound when the
+    # trip count can only be 0 or 1.
+
+    @T.macro
+    def CheckBatch(indptr, lane, lanes, ok):
+        """Whether the batch is valid: both arrays non-decreasing, from 0 to total_q and
+        kv_rows."""
+        qo_indptr, kv_indptr, kv_rows = indptr
+        ok[0] = T.if_then_else(
+            (qo_indptr[0] == 0) & (qo_indptr[batch] == total_q) & (kv_indptr[0] == 0)
+            & (kv_indptr[batch] == kv_rows), 1, 0,
+        )  # fmt: skip
+        for k in T.serial(T.ceildiv(batch, lanes)):
+            i = k * lanes + lane
+            if i < batch:
+                if (qo_indptr[i] > qo_indptr[i + 1]) | (kv_indptr[i] > kv_indptr[i + 1]):
+                    ok[0] = 0
+
+    @T.macro
+    def CheckSequence(indptr, s, lane, lanes, ok):
+        """Whether sequence s is well-formed: in both arrays its range lies in [0, rows] and
+        runs forward, no earlier entry exceeds its start and no later entry is below its end."""
+        qo_indptr, kv_indptr, kv_rows = indptr
+        ok[0] = T.if_then_else(
+            (0 <= qo_indptr[s]) & (qo_indptr[s] <= qo_indptr[s + 1])
+            & (qo_indptr[s + 1] <= total_q) & (0 <= kv_indptr[s])
+            & (kv_indptr[s] <= kv_indptr[s + 1]) & (kv_indptr[s + 1] <= kv_rows), 1, 0,
+        )  # fmt: skip
+        for k in T.serial(T.ceildiv(batch + 1, lanes)):
+            i = k * lanes + lane
+            if i <= batch:
+                early = (i < s) & ((qo_indptr[i] > qo_indptr[s]) | (kv_indptr[i] > kv_indptr[s]))
+                late = (i > s + 1) & (
+                    (qo_indptr[i] < qo_indptr[s + 1]) | (kv_indptr[i] < kv_indptr[s + 1])
+                )
+                if early | late:
+                    ok[0] = 0
+
+    @T.macro
+    def Validate(item, indptr, seq, tile, lane, lanes, ok, all_lanes):
+        """After Locate, in a malformed batch only: tile[7] = the item's slot, whose rows the
+        item poisons, and the tile computes nothing (seq_q = q_tile = 0, as a spare slot's)
+        unless its sequence is well-formed and the slot is one of its own: a sequence 0 that
+        starts past row block_M is also the search's answer for the slots before it."""
+        tile[7] = slot_of(item)
+        CheckSequence(indptr, seq[0], lane, lanes, ok)
+        if (all_lanes(ok[0]) == 0) | (tile[4] < 0):
+            tile[1] = 0
+            tile[4] = 0
+
+    @T.macro
+    def Poison(indptr, Output, LSE, slot, head, lane, lanes, seq, ok):
+        """NaN into the rows [slot * block_M, (slot + 1) * block_M) of `head` that no
+        well-formed sequence covers (this lane's share of the rows). The slots' rows cover
+        [0, total_q), and a well-formed sequence's rows are written by its own tiles alone."""
+        qo_indptr = indptr[0]
+        for k in T.serial(T.ceildiv(block_M, lanes)):
+            row = slot * block_M + k * lanes + lane
+            if (k * lanes + lane < block_M) & (row < total_q):
+                # The last t with qo_indptr[t] <= row: the sequence that covers the row if a
+                # well-formed one does (it steers the search as in Locate).
+                Search(lambda t: qo_indptr[t], row, seq)
+                CheckSequence(indptr, seq[0], 0, 1, ok)
+                if (ok[0] == 0) | (row >= qo_indptr[seq[0] + 1]) | (row < qo_indptr[seq[0]]):
+                    for j in T.vectorized(HEAD_DIM):
+                        Output[row, head, j] = T.Cast(dtype, nan)
+                    LSE[row, head] = nan
 
     def bounds(tile):
         """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
@@ -230,17 +335,18 @@ def gqa_prefill(
         assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
         return gqa_prefill_ws(
             dtype, causal, block_M, block_N, num_stages, pingpong, persistent,
-            (total_q, total_kv, len_indptr), Locate, bounds, Mask, MaskTile, Softmax, Rescale,
-            Epilogue,
+            (total_q, total_kv, len_indptr, q_stride, k_stride, v_stride), Locate, CheckBatch,
+            Validate, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
         )  # fmt: skip
 
     @T.prim_func
     def main(
-        Q: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-        K: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
-        V: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
+        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
+        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
         qo_indptr: T.Tensor([len_indptr], T.int32),
         kv_indptr: T.Tensor([len_indptr], T.int32),
+        kv_rows: T.int32,
         sm_scale: T.float32,
         Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
         LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
@@ -266,8 +372,18 @@ def gqa_prefill(
             stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
 
             seq = T.alloc_local([1], T.int32)
-            tile = T.alloc_local([6], T.int32)
+            tile = T.alloc_local([8], T.int32)
+            ok = T.alloc_local([1], T.int32)
+            batch_ok = T.alloc_local([1], T.int32)
+            indptr = (qo_indptr, kv_indptr, kv_rows)
+            # Every thread runs the batch tests whole (this program is the CPU tests' stand-in;
+            # gqa_prefill_ws shares them out).
+            CheckBatch(indptr, 0, 1, batch_ok)
+            tile[7] = -1
             Locate(block, qo_indptr, kv_indptr, seq, tile)
+            if batch_ok[0] == 0:
+                Validate(block, indptr, seq, tile, 0, 1, ok, lambda x: x)
+                Poison(indptr, Output, LSE, tile[7], tile[5], 0, 1, seq, ok)
             q_start, seq_q, kv_start, seq_kv, q_tile, head = (
                 tile[0], tile[1], tile[2], tile[3], tile[4], tile[5]
             )  # fmt: skip
@@ -317,8 +433,8 @@ PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count
 
 
 def gqa_prefill_ws(
-    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, dims, Locate, bounds, Mask,
-    MaskTile, Softmax, Rescale, Epilogue,
+    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, dims, Locate, CheckBatch,
+    Validate, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
 
@@ -342,6 +458,13 @@ def gqa_prefill_ws(
     that Q's can refill early). Otherwise one block per item, and Scheduler is unused.
     Measured on the H100 (kernel time, 8x2048 / 1x8192 causal): one block per item 0.82 / 0.93
     of FlashInfer, persistent round robin 0.86 / 0.91, persistent dynamic 0.91 / 0.95.
+
+    Malformed batches: the producer warpgroup's second warp checks the batch (CheckBatch, once
+    per block) while the first searches for its first item, so a valid batch pays no latency for
+    it; the first warp waits for the verdict (batch_checked) before it loads anything. Only in a
+    malformed batch does it check each item's sequence (Validate, its 32 lanes sharing the scan)
+    and pass the item's slot in tile[7]: consumer threads 0 .. block_M - 1 poison a row of it
+    each, every item, spare ones included, before computing the item's tile, if any.
     """
     assert block_M % 64 == 0, "one consumer warpgroup per 64 query rows"
     num_consumers = block_M // 64
@@ -349,7 +472,8 @@ def gqa_prefill_ws(
     threads = consumer_threads + 128
     # FA3's register split: the producer warpgroup keeps 24 (32 beside three consumers).
     producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
-    total_q, total_kv, len_indptr = dims  # gqa_prefill's symbolic lengths, which Locate uses
+    # gqa_prefill's symbolic lengths (which its macros use) and token strides
+    total_q, total_kv, len_indptr, q_stride, k_stride, v_stride = dims
     batch = len_indptr - 1
     num_slots = batch + total_q // block_M
     num_items = NUM_HEADS * num_slots
@@ -413,11 +537,12 @@ def gqa_prefill_ws(
 
     @T.prim_func
     def main(
-        Q: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-        K: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
-        V: T.Tensor([total_kv, NUM_KV_HEADS, HEAD_DIM], dtype),
+        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
+        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
         qo_indptr: T.Tensor([len_indptr], T.int32),
         kv_indptr: T.Tensor([len_indptr], T.int32),
+        kv_rows: T.int32,
         sm_scale: T.float32,
         Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
         LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
@@ -450,8 +575,15 @@ def gqa_prefill_ws(
             k_empty = T.alloc_barrier([consumer_threads] * num_stages)
             v_empty = T.alloc_barrier([consumer_threads] * num_stages)
             seq = T.alloc_local([1], T.int32)
-            tile = T.alloc_local([7], T.int32)  # the current item: Locate's result, then valid
+            # The current item: Locate's result, then whether there is one, then the slot to
+            # poison (-1: none, the batch is valid).
+            tile = T.alloc_local([8], T.int32)
             fetch = T.alloc_local([1], T.int32)
+            ok = T.alloc_local([1], T.int32)
+            # The second producer warp's verdict on the batch: 1 if valid.
+            batch_ok = T.alloc_shared([1], T.int32)
+            batch_checked = T.alloc_barrier(32)
+            indptr = (qo_indptr, kv_indptr, kv_rows)
             # The producer warp hands each item to the consumers through a 2-slot buffer.
             item_tile = T.alloc_shared([2, 8], T.int32)
             item_full = T.alloc_barrier([32, 32])
@@ -471,6 +603,7 @@ def gqa_prefill_ws(
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 if tx < consumer_threads + 32:
+                    lane = tx - consumer_threads
                     while fetched[0] >= 0:
                         slot = fetched[0] % 2
                         T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
@@ -485,10 +618,15 @@ def gqa_prefill_ws(
                         else:
                             item = T.if_then_else(fetched[0] == 0, block, num_items)
                         tile[6] = T.if_then_else(item < num_items, 1, 0)
+                        tile[7] = -1
                         if item < num_items:
                             Locate(item, qo_indptr, kv_indptr, seq, tile)
+                            # Completed once, so a wait past the first item returns at once.
+                            T.mbarrier_wait_parity(batch_checked[0], 0)
+                            if batch_ok[0] == 0:
+                                Validate(item, indptr, seq, tile, lane, 32, ok, T.all_sync)
                         if tx == consumer_threads:  # one writer: no barrier within the warp
-                            for i in T.serial(7):
+                            for i in T.serial(8):
                                 item_tile[slot, i] = tile[i]
                         T.mbarrier_arrive(item_full[slot])
                         if item < num_items:
@@ -528,6 +666,12 @@ def gqa_prefill_ws(
                                     ):  # fmt: skip
                                         Scheduler[0] = 0
                                         Scheduler[1] = 0
+                elif tx < consumer_threads + 64:
+                    CheckBatch(indptr, tx - consumer_threads - 32, 32, ok)
+                    verdict = T.all_sync(ok[0])
+                    if tx == consumer_threads + 32:
+                        batch_ok[0] = verdict
+                    T.mbarrier_arrive(batch_checked[0])  # releases batch_ok to the waiter
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 warpgroup = tx // 128
@@ -539,13 +683,15 @@ def gqa_prefill_ws(
                 while fetched[0] >= 0:
                     slot = fetched[0] % 2
                     T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
-                    for i in T.serial(7):
+                    for i in T.serial(8):
                         tile[i] = item_tile[slot, i]
                     T.mbarrier_arrive(item_empty[slot])
                     fetched[0] = T.if_then_else(tile[6] == 1, fetched[0] + 1, -1)
                     q_start, seq_q, seq_kv, q_tile = tile[0], tile[1], tile[3], tile[4]
                     head = tile[5]
                     q_pos0, full_end, loop_range = bounds(tile)
+                    if tile[7] >= 0:
+                        Poison(indptr, Output, LSE, tile[7], head, tx, consumer_threads, seq, ok)
                     if tile[6] == 1 and q_tile < seq_q:
                         r = ring[0]
                         T.fill(acc_o, 0)

@@ -1,26 +1,45 @@
 """TileLang GQA prefill attention: the entry points flashinfer-bench calls.
 
 run_padded(q, k, v, causal, out) and run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output,
-lse) check their arguments, then launch one kernel from gqa_prefill_kernel.py. A variant (dtype,
-causal) is compiled for sm_90a on its first use and cached; lengths are symbolic in it, so no new
-shape ever recompiles. The padded batch is viewed as a ragged one; its indptr tensors (and a
-scratch lse the padded definition does not return) are built once per shape. A call does no host
-sync and, past the first call of a shape, no allocation: flashinfer-bench times the whole call.
+lse) check their arguments against the bundle's shared contract (arguments.py: rules and
+messages), then launch one kernel from gqa_prefill_kernel.py. A variant (dtype, causal) is
+compiled for sm_90a on its first use and cached; lengths and token strides are symbolic in it, so
+no new shape or layout ever recompiles. q, k and v may be token-strided (slices of a fused QKV
+projection): the kernel reads them in place. The padded batch is viewed as a ragged one; its
+indptr tensors (and a scratch lse the padded definition does not return) are built once per
+shape. A call does no host sync and, past the first call of a shape, no allocation:
+flashinfer-bench times the whole call.
 
-The indptr values are trusted (reading them would need a host sync): non-decreasing, from 0 to
-total_q / total_kv. Values out of range cannot make the kernel read or write outside the tensors
-(TMA zero-fills, stores are bounds-checked), only give wrong rows.
+The indptr values are not read on the host (that would need a sync; PREFILL_BUNDLE_VALIDATE=1
+does, to raise on bad ones): the kernel itself computes the sequences of a malformed batch that it
+can and writes NaN into every other row, never reading or writing outside the tensors.
 """
-
-import math
 
 import torch
 
+from .arguments import (
+    PADDED_NAMES,
+    RAGGED_NAMES,
+    VALIDATE,
+    PlanCache,
+    check_causal,
+    check_indptr_values,
+    check_layout,
+    check_padded_shapes,
+    check_placement,
+    check_ragged_shapes,
+    check_sm_scale,
+    token_stride,
+)
 from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, compile_variant
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _kernels = {}  # (dtype, causal) -> compiled kernel
-_padded_plans = {}  # (batch, seq_q, seq_kv, device index) -> (qo_indptr, kv_indptr, scratch lse)
+# Keyed by shapes, strides, dtypes and device; the plans hold what the checks of that key let
+# every later call skip: padded (kernel, qo_indptr, kv_indptr, scratch lse), ragged (kernel,
+# K/V stand-in for a batch without keys, or None).
+_padded_plans = PlanCache()
+_ragged_plans = PlanCache()
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
 
 
@@ -49,133 +68,118 @@ def _kernel(dtype: torch.dtype, causal: bool, device: torch.device):
     return kernel
 
 
-# Argument checks: shapes, dtypes and layout first, devices last, so that every check but the
-# device one can be exercised on a machine without a GPU.
+def _as_rows(x: torch.Tensor, rows: int, heads: int) -> torch.Tensor:
+    """Padded q, k or v as [rows, heads, 128] at its token stride."""
+    return x.as_strided((rows, heads, HEAD_DIM), (token_stride(x), HEAD_DIM, 1))
 
 
-def _fail(name: str, expected: str, got) -> None:
-    raise ValueError(f"{name}: expected {expected}, got {got}")
+def _lone_token(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """A one-token ragged q, k or v at the dense token stride, whatever stride torch gave its dim
+    of 1: the TMA descriptor takes the stride, and wants a 16-byte multiple."""
+    if x.stride(0) == heads * HEAD_DIM:
+        return x
+    return x.as_strided((1, heads, HEAD_DIM), (heads * HEAD_DIM, HEAD_DIM, 1))
 
 
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    layout = "" if t.is_contiguous() else " non-contiguous"
-    return f"{str(t.dtype)[6:]} {list(t.shape)}{layout} tensor on {t.device}"
-
-
-def _check_query(q, name: str, rank: int, what: str) -> None:
-    """The query fixes the dtype (float16 or bfloat16) of the other tensors."""
-    if not (
-        isinstance(q, torch.Tensor)
-        and q.dtype in _DTYPES
-        and q.dim() == rank
-        and q.shape[-2:] == (NUM_HEADS, HEAD_DIM)
-        and q.is_contiguous()
-    ):
-        _fail(name, f"contiguous float16 or bfloat16 tensor {what}", _describe(q))
-
-
-def _check_tensor(t, name: str, shape: tuple, dtype: torch.dtype, what: str) -> None:
-    """shape holds -1 where the tensor's rank was already wrong."""
-    if not (
-        isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.is_contiguous()
-    ):
-        known = f" = {list(shape)}" if min(shape, default=0) >= 0 else ""
-        _fail(name, f"contiguous {str(dtype)[6:]} tensor {what}{known}", _describe(t))
-
-
-def _check_devices(names: tuple, tensors: tuple) -> None:
-    device = tensors[0].get_device()  # -1 on the CPU
-    if device < 0:
-        _fail(names[0], "a tensor on a CUDA device", _describe(tensors[0]))
-    for name, t in zip(names[1:], tensors[1:]):
-        if t.get_device() != device:
-            _fail(name, f"a tensor on cuda:{device} (the device of {names[0]})", _describe(t))
-
-
-_PADDED_NAMES = ("q", "k", "v", "out")
-_RAGGED_NAMES = ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse")
+def _plan_padded(q, k, v, out) -> tuple:
+    """Check shapes, dtypes and layout (once per key) and build the launch's fixed tensors."""
+    batch, seq_q, seq_kv = check_padded_shapes(q, k, v, out)
+    check_layout(PADDED_NAMES, (q, k, v, out))
+    seqs = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    lse = torch.empty(batch * seq_q, NUM_HEADS, dtype=torch.float32, device=q.device)
+    return q.dtype, seqs * seq_q, seqs * seq_kv, lse
 
 
 def run_padded(q, k, v, causal, out):
     """q [batch, seq_q, 32, 128], k/v [batch, seq_kv, 8, 128] (float16 or bfloat16), causal
     (bottom-right aligned) -> out [batch, seq_q, 32, 128], written in place."""
-    _check_query(q, "q", 4, "[batch, seq_q, 32, 128]")
-    batch, seq_q = q.shape[0], q.shape[1]
-    seq_kv = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
-    kv_shape = (batch, seq_kv, NUM_KV_HEADS, HEAD_DIM)
-    _check_tensor(k, "k", kv_shape, q.dtype, "[batch (of q), seq_kv, 8, 128]")
-    _check_tensor(v, "v", kv_shape, q.dtype, "[batch, seq_kv, 8, 128] (of k)")
-    if not isinstance(causal, (bool, int)):
-        _fail("causal", "a Python bool", type(causal).__name__)
-    _check_tensor(out, "out", q.shape, q.dtype, "[batch, seq_q, 32, 128] (of q)")
-    _check_devices(_PADDED_NAMES, (q, k, v, out))
-
+    causal = check_causal(causal)
+    try:
+        key = (q.shape, k.shape, v.shape, out.shape, q.stride(), k.stride(), v.stride(),
+               out.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.get_device())  # fmt: skip
+        plan = _padded_plans.lookup(key)
+    except (AttributeError, TypeError):  # not a tensor
+        key = plan = None
+    if plan is None:
+        plan = _plan_padded(q, k, v, out)  # raises ValueError on a bad argument
+        if key is not None:
+            _padded_plans.store(key, plan)
+    else:
+        check_placement(PADDED_NAMES, (q, k, v, out))
+    dtype, qo_indptr, kv_indptr, lse = plan
+    batch, seq_q, seq_kv = q.shape[0], q.shape[1], k.shape[1]
     if batch == 0 or seq_q == 0:
         return
-    if seq_kv == 0:  # no query sees a key; a TMA descriptor needs at least one row
+    if seq_kv == 0:  # no query sees a key (no indptr here: no row is malformed)
         out.zero_()
         return
-    device = q.get_device()
-    plan = _padded_plans.get((batch, seq_q, seq_kv, device))
-    if plan is None:
-        seqs = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-        lse = torch.empty(batch * seq_q, NUM_HEADS, dtype=torch.float32, device=q.device)
-        plan = _padded_plans[(batch, seq_q, seq_kv, device)] = (seqs * seq_q, seqs * seq_kv, lse)
-    qo_indptr, kv_indptr, lse = plan
-    _kernel(q.dtype, bool(causal), q.device)(
-        q.view(batch * seq_q, NUM_HEADS, HEAD_DIM),
-        k.view(batch * seq_kv, NUM_KV_HEADS, HEAD_DIM),
-        v.view(batch * seq_kv, NUM_KV_HEADS, HEAD_DIM),
+    total_q, total_kv = batch * seq_q, batch * seq_kv
+    _kernel(dtype, causal, q.device)(
+        _as_rows(q, total_q, NUM_HEADS),
+        _as_rows(k, total_kv, NUM_KV_HEADS),
+        _as_rows(v, total_kv, NUM_KV_HEADS),
         qo_indptr,
         kv_indptr,
+        total_kv,
         HEAD_DIM**-0.5,
-        out.view(batch * seq_q, NUM_HEADS, HEAD_DIM),
+        out.view(total_q, NUM_HEADS, HEAD_DIM),
         lse,
-        _scheduler(device),
+        _scheduler(q.get_device()),
     )
+
+
+def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
+    """Check shapes, dtypes and layout (once per key). A batch without key rows still runs the
+    kernel (its rows get 0 and -inf, or NaN where the indptr values are malformed), on a 1-row
+    zero K/V: a TMA descriptor needs a row."""
+    tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
+    _, _, total_kv = check_ragged_shapes(*tensors)
+    check_layout(RAGGED_NAMES, tensors)
+    keyless = None
+    if total_kv == 0:
+        keyless = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=q.dtype, device=q.device)
+    return _kernel(q.dtype, True, q.device), keyless
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     """q [total_q, 32, 128], k/v [total_kv, 8, 128] (bfloat16 or float16), qo_indptr/kv_indptr
     int32 [batch + 1], sm_scale (finite) -> output [total_q, 32, 128] and lse [total_q, 32] float32
     (base 2), written in place. Causal, bottom-right aligned per sequence."""
-    _check_query(q, "q", 3, "[total_q, 32, 128]")
-    total_q = q.shape[0]
-    total_kv = k.shape[0] if isinstance(k, torch.Tensor) and k.dim() == 3 else -1
-    kv_shape = (total_kv, NUM_KV_HEADS, HEAD_DIM)
-    _check_tensor(k, "k", kv_shape, q.dtype, "[total_kv, 8, 128]")
-    _check_tensor(v, "v", kv_shape, q.dtype, "[total_kv, 8, 128] (of k)")
-    if not (
-        isinstance(qo_indptr, torch.Tensor)
-        and qo_indptr.dim() == 1
-        and (qo_indptr.shape[0] >= 2 or total_q == 0)  # query rows need a sequence
-    ):
-        _fail("qo_indptr", "int32 tensor [batch + 1] with batch >= 1", _describe(qo_indptr))
-    indptr_shape = qo_indptr.shape
-    _check_tensor(qo_indptr, "qo_indptr", indptr_shape, torch.int32, "[batch + 1]")
-    _check_tensor(kv_indptr, "kv_indptr", indptr_shape, torch.int32, "[batch + 1] (of qo_indptr)")
-    if not (
-        isinstance(sm_scale, (float, int))
-        and not isinstance(sm_scale, bool)
-        and math.isfinite(sm_scale)
-    ):
-        _fail("sm_scale", "a finite float", repr(sm_scale))
-    _check_tensor(output, "output", q.shape, q.dtype, "[total_q, 32, 128] (of q)")
-    _check_tensor(lse, "lse", (total_q, NUM_HEADS), torch.float32, "[total_q, 32]")
-    _check_devices(_RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse))
-
+    sm_scale = check_sm_scale(sm_scale)
+    tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
+    try:
+        key = (
+            q.shape, k.shape, v.shape, qo_indptr.shape, kv_indptr.shape, output.shape, lse.shape,
+            q.stride(), k.stride(), v.stride(), qo_indptr.stride(), kv_indptr.stride(),
+            output.stride(), lse.stride(), q.dtype, k.dtype, v.dtype, qo_indptr.dtype,
+            kv_indptr.dtype, output.dtype, lse.dtype, q.get_device(),
+        )  # fmt: skip
+        plan = _ragged_plans.lookup(key)
+    except (AttributeError, TypeError):  # not a tensor
+        key = plan = None
+    if plan is None:
+        plan = _plan_ragged(*tensors)  # raises ValueError on a bad argument
+        if key is not None:
+            _ragged_plans.store(key, plan)
+    else:
+        check_placement(RAGGED_NAMES, tensors)
+    total_q, total_kv = q.shape[0], k.shape[0]
+    if VALIDATE:
+        check_indptr_values(qo_indptr, kv_indptr, total_q, total_kv)
     if total_q == 0:
         return
-    if total_kv == 0:  # no query sees a key; a TMA descriptor needs at least one row
-        output.zero_()
-        lse.fill_(-math.inf)
-        return
+    kernel, keyless = plan
+    if keyless is not None:
+        k = v = keyless
+    elif total_kv == 1:
+        k, v = _lone_token(k, NUM_KV_HEADS), _lone_token(v, NUM_KV_HEADS)
+    if total_q == 1:
+        q = _lone_token(q, NUM_HEADS)
     if sm_scale <= 0:
         # The kernel folds the scale into exp2 after masking, which needs it positive:
         # softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives softmax(1 * 0.k); both exact.
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
-    _kernel(q.dtype, True, q.device)(
-        q, k, v, qo_indptr, kv_indptr, float(sm_scale), output, lse, _scheduler(q.get_device())
-    )
+    kernel(
+        q, k, v, qo_indptr, kv_indptr, total_kv, sm_scale, output, lse,
+        _scheduler(q.get_device()),
+    )  # fmt: skip

@@ -141,7 +141,9 @@ __device__ __forceinline__ uint64_t token_offset(int row, int stride) {
 
 // One thread's share of K and V tiles: 4 of a tile's 64 rows (row_in_tile + 16 i), one 16-byte
 // chunk of each. Rows at or past the sequence end are zero-filled without a global read (src
-// pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage.
+// pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage. K and V
+// share one loader (one row index, one shared-memory address): the K/V loop runs at the
+// 128-register cap, and two loaders with runtime token strides made it spill.
 template <typename T>
 struct KvTileLoader {
   const T* k_src;       // this thread's chunk of the sequence's k row row_in_tile

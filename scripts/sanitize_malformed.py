@@ -3,7 +3,7 @@ malformed batches (prefill_bundle.testing.MALFORMED_BATCHES), plus a valid batch
 line per case: the solution, the batch, and whether the NaN rows and the well-formed rows are
 what the contract says. memcheck itself reports any access outside an allocation.
 
-    compute-sanitizer --tool memcheck --kernel-name regex:gqa python scripts/sanitize_malformed.py
+    compute-sanitizer --tool memcheck python scripts/sanitize_malformed.py
 
 The outputs live in tight allocations of their own (no guard space), so that a write one element
 past them is an error to memcheck. Run with --solutions NAME ... to restrict.

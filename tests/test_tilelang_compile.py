@@ -15,9 +15,13 @@
 import functools
 import importlib
 import importlib.util
+import io
+import logging
 import math
+import os
 import sys
 import time
+from unittest import mock
 
 import pytest
 import tilelang
@@ -61,21 +65,28 @@ _compiled = {}
 
 
 def compile_fresh(kernels, dtype: str, causal: bool):
+    """(kernel, ptxas's verbose report) of a variant, compiled past TileLang's caches."""
+    report = io.StringIO()
+    handler = logging.StreamHandler(report)
+    logging.getLogger("tilelang").addHandler(handler)  # TILELANG_VERBOSE: ptxas's report
     tilelang.disable_cache()  # really compile, whatever an earlier run left on disk
     try:
         start = time.perf_counter()
-        kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
+        with mock.patch.dict(os.environ, {"TILELANG_VERBOSE": "1"}):
+            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
         print(f"compiled {dtype} causal={causal} in {time.perf_counter() - start:.1f} s")
     finally:
         tilelang.enable_cache()
-    return kernel
+        logging.getLogger("tilelang").removeHandler(handler)
+    return kernel, report.getvalue()
 
 
 def compiled(dtype: str, causal: bool):
-    """(device source, host source) of a variant."""
+    """(device source, host source, ptxas report) of a variant."""
     if (dtype, causal) not in _compiled:
-        kernel = compile_fresh(kernel_module(), dtype, causal)
-        _compiled[(dtype, causal)] = kernel.get_kernel_source(), kernel.adapter.get_host_source()
+        kernel, ptxas = compile_fresh(kernel_module(), dtype, causal)
+        sources = kernel.get_kernel_source(), kernel.adapter.get_host_source()
+        _compiled[(dtype, causal)] = (*sources, ptxas)
     return _compiled[(dtype, causal)]
 
 
@@ -87,7 +98,7 @@ def test_variants_cover_both_entry_points():
 
 @pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
 def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
-    source, _ = compiled(dtype, causal)
+    source, _, _ = compiled(dtype, causal)
     operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
     if kernel_module().block_config(dtype, causal).get("ws"):
         assert "tl::tma_load(" in source  # a producer warp loads K/V by TMA ...
@@ -100,13 +111,23 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
 
 
 @pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
+def test_compiles_without_register_spills(dtype, causal):
+    """The consumer warpgroups run on 240 registers and the producer warp on 24 (setmaxnreg),
+    both near their limits: code added anywhere in the kernel (the malformed-batch path was) can
+    make ptxas spill, into the K/V loops too."""
+    _, _, ptxas = compiled(dtype, causal)
+    assert "Used 168 registers" in ptxas  # the launch bound; setmaxnreg then splits them
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+@pytest.mark.parametrize("dtype,causal", kernel_module().VARIANTS)
 def test_compiles_the_malformed_batch_path(dtype, causal):
-    """The batch test (once per block, in the producer warpgroup's second warp) and the sequence
-    test (malformed batches only) are shared out over a warp's lanes and ANDed by a vote; the
-    producer waits for the batch verdict; rows are poisoned with NaN in output and lse."""
-    source, _ = compiled(dtype, causal)
+    """The first consumer warp tests the batch (once per block) and, in a malformed batch only,
+    each item's tile, its lanes sharing the scan and ANDing it by a vote; the producer waits for
+    both verdicts; rows are poisoned with NaN in output and lse."""
+    source, _, _ = compiled(dtype, causal)
     assert source.count("__all_sync(") == 2
-    assert "batch_checked[0].wait(0);" in source
+    assert "batch_checked[0].wait(0);" in source and "item_checked[" in source
     assert "std::numeric_limits<" in source and ">::quiet_NaN();" in source  # output rows
     assert "] = CUDART_NAN_F;" in source  # lse rows
 
@@ -115,7 +136,7 @@ def test_compiles_the_malformed_batch_path(dtype, causal):
 def test_token_strides_reach_the_tma_descriptors(dtype, causal):
     """The host code reads each of q, k and v's token stride from the tensor on every call and
     gives it to that tensor's TMA descriptor (in bytes): any stride, no copy."""
-    _, host = compiled(dtype, causal)
+    _, host, _ = compiled(dtype, causal)
     for name in ("q", "k", "v"):
         assert f"int32_t {name}_stride = " in host
         assert f"(((int64_t){name}_stride) * (int64_t)2)" in host
@@ -146,8 +167,8 @@ def test_token_stride_changes_no_device_code(tmp_path):
     """Contiguous inputs run the code they ran before q, k and v took a token stride: the
     kernel declared contiguous compiles to the same CUDA source."""
     contiguous = rewritten_kernel_module(tmp_path, "contiguous", [(_STRIDED, _CONTIGUOUS)])
-    source = compile_fresh(contiguous, "bfloat16", True).get_kernel_source()
-    assert source == compiled("bfloat16", True)[0]
+    kernel, _ = compile_fresh(contiguous, "bfloat16", True)
+    assert kernel.get_kernel_source() == compiled("bfloat16", True)[0]
 
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------

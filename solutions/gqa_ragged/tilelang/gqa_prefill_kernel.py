@@ -139,11 +139,16 @@ def gqa_prefill(
                     seq[0] = probe
 
     @T.macro
+    def Find(slot, qo_indptr, seq):
+        """seq[0] = the sequence that owns slot `slot`."""
+        Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
+
+    @T.macro
     def Locate(item, qo_indptr, kv_indptr, seq, tile):
         """tile[0:6] = (q_start, seq_q, kv_start, seq_kv, q_tile, head) of work item `item`.
         seq: scratch for the search over indptr."""
         slot = slot_of(item)
-        Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
+        Find(slot, qo_indptr, seq)
         tile[0] = qo_indptr[seq[0]]
         tile[1] = qo_indptr[seq[0] + 1] - tile[0]
         tile[2] = kv_indptr[seq[0]]
@@ -193,16 +198,15 @@ def gqa_prefill(
                     ok[0] = 0
 
     @T.macro
-    def Validate(item, indptr, seq, tile, lane, lanes, ok, all_lanes):
-        """After Locate, in a malformed batch only: tile[7] = the item's slot, whose rows the
-        item poisons, and the tile computes nothing (seq_q = q_tile = 0, as a spare slot's)
-        unless its sequence is well-formed and the slot is one of its own: a sequence 0 that
-        starts past row block_M is also the search's answer for the slots before it."""
-        tile[7] = slot_of(item)
+    def CheckTile(slot, indptr, seq, lane, lanes, ok, all_lanes):
+        """In a malformed batch only: ok[0] = whether the tile of slot `slot` is computed, that is
+        the sequence Locate finds for the slot is well-formed and owns it (a sequence 0 that
+        starts past row block_M is also the search's answer for the slots before it); all_lanes
+        ANDs the lanes' shares. seq: scratch."""
+        Find(slot, indptr[0], seq)
         CheckSequence(indptr, seq[0], lane, lanes, ok)
-        if (all_lanes(ok[0]) == 0) | (tile[4] < 0):
-            tile[1] = 0
-            tile[4] = 0
+        first_slot = seq[0] + indptr[0][seq[0]] // block_M
+        ok[0] = T.if_then_else((all_lanes(ok[0]) != 0) & (slot >= first_slot), 1, 0)
 
     @T.macro
     def Poison(indptr, Output, LSE, slot, head, lane, lanes, seq, ok):
@@ -335,8 +339,8 @@ def gqa_prefill(
         assert threads == 128 * (block_M // 64 + 1), "ws: one producer, block_M // 64 consumers"
         return gqa_prefill_ws(
             dtype, causal, block_M, block_N, num_stages, pingpong, persistent,
-            (total_q, total_kv, len_indptr, q_stride, k_stride, v_stride), Locate, CheckBatch,
-            Validate, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
+            (total_q, total_kv, len_indptr, q_stride, k_stride, v_stride), slot_of, Locate,
+            CheckBatch, CheckTile, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
         )  # fmt: skip
 
     @T.prim_func
@@ -372,18 +376,20 @@ def gqa_prefill(
             stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
 
             seq = T.alloc_local([1], T.int32)
-            tile = T.alloc_local([8], T.int32)
+            tile = T.alloc_local([6], T.int32)
             ok = T.alloc_local([1], T.int32)
             batch_ok = T.alloc_local([1], T.int32)
             indptr = (qo_indptr, kv_indptr, kv_rows)
-            # Every thread runs the batch tests whole (this program is the CPU tests' stand-in;
-            # gqa_prefill_ws shares them out).
+            # Every thread runs the malformed-batch tests whole (this program is the CPU tests'
+            # stand-in; gqa_prefill_ws shares them out).
             CheckBatch(indptr, 0, 1, batch_ok)
-            tile[7] = -1
             Locate(block, qo_indptr, kv_indptr, seq, tile)
             if batch_ok[0] == 0:
-                Validate(block, indptr, seq, tile, 0, 1, ok, lambda x: x)
-                Poison(indptr, Output, LSE, tile[7], tile[5], 0, 1, seq, ok)
+                CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
+                if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
+                    tile[1] = 0
+                    tile[4] = 0
+                Poison(indptr, Output, LSE, slot_of(block), tile[5], 0, 1, seq, ok)
             q_start, seq_q, kv_start, seq_kv, q_tile, head = (
                 tile[0], tile[1], tile[2], tile[3], tile[4], tile[5]
             )  # fmt: skip
@@ -433,8 +439,8 @@ PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count
 
 
 def gqa_prefill_ws(
-    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, dims, Locate, CheckBatch,
-    Validate, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
+    dtype, causal, block_M, block_N, num_stages, pingpong, persistent, dims, slot_of, Locate,
+    CheckBatch, CheckTile, Poison, bounds, Mask, MaskTile, Softmax, Rescale, Epilogue,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)); same arguments and results.
 
@@ -459,12 +465,19 @@ def gqa_prefill_ws(
     Measured on the H100 (kernel time, 8x2048 / 1x8192 causal): one block per item 0.82 / 0.93
     of FlashInfer, persistent round robin 0.86 / 0.91, persistent dynamic 0.91 / 0.95.
 
-    Malformed batches: the producer warpgroup's second warp checks the batch (CheckBatch, once
-    per block) while the first searches for its first item, so a valid batch pays no latency for
-    it; the first warp waits for the verdict (batch_checked) before it loads anything. Only in a
-    malformed batch does it check each item's sequence (Validate, its 32 lanes sharing the scan)
-    and pass the item's slot in tile[7]: consumer threads 0 .. block_M - 1 poison a row of it
-    each, every item, spare ones included, before computing the item's tile, if any.
+    Malformed batches: the first consumer warp checks the batch (CheckBatch, once per block, on
+    its first turn) while the producer searches for its first item, so a valid batch pays no
+    latency for it; the producer waits for the verdict (batch_checked) before it loads anything.
+    In a malformed batch only, the producer passes each item's slot in item_tile[., 7] (-1
+    otherwise) and the first consumer warp checks the item's tile (CheckTile, its 32 lanes
+    sharing the scan), marks it in item_tile if it computes nothing and tells the others
+    (item_checked): the producer waits for that before it loads anything for the item, the other
+    consumers before they read the item. Consumer threads 0 .. block_M - 1 poison a row of the
+    item's slot each, every item, spare ones included. The register budgets (producer 24,
+    consumers 240) leave no room: these checks sit where ptxas does not spill (found by trying;
+    tests/test_tilelang_compile.py checks every variant). What a valid batch pays per item: a
+    named barrier for the consumers and one for the producer warp, which TileLang inserts as
+    item_tile entries they read may have been written by one of them.
     """
     assert block_M % 64 == 0, "one consumer warpgroup per 64 query rows"
     num_consumers = block_M // 64
@@ -575,19 +588,22 @@ def gqa_prefill_ws(
             k_empty = T.alloc_barrier([consumer_threads] * num_stages)
             v_empty = T.alloc_barrier([consumer_threads] * num_stages)
             seq = T.alloc_local([1], T.int32)
-            # The current item: Locate's result, then whether there is one, then the slot to
-            # poison (-1: none, the batch is valid).
+            # The current item: Locate's result, then whether there is one, then the slot whose
+            # rows it poisons (-1: none, the batch is valid).
             tile = T.alloc_local([8], T.int32)
             fetch = T.alloc_local([1], T.int32)
             ok = T.alloc_local([1], T.int32)
-            # The second producer warp's verdict on the batch: 1 if valid.
-            batch_ok = T.alloc_shared([1], T.int32)
-            batch_checked = T.alloc_barrier(32)
-            indptr = (qo_indptr, kv_indptr, kv_rows)
             # The producer warp hands each item to the consumers through a 2-slot buffer.
             item_tile = T.alloc_shared([2, 8], T.int32)
             item_full = T.alloc_barrier([32, 32])
             item_empty = T.alloc_barrier([consumer_threads, consumer_threads])
+            # The first consumer warp's verdict on the batch (1 if valid) and, in a malformed
+            # batch, on each item (its entries of item_tile updated). One barrier per item_tile
+            # slot, as item_full: nobody can then lag a whole phase behind.
+            batch_ok = T.alloc_shared([1], T.int32)
+            batch_checked = T.alloc_barrier(32)
+            item_checked = T.alloc_barrier([32, 32])
+            indptr = (qo_indptr, kv_indptr, kv_rows)
             # Items fetched by this block so far (the terminating one included), items with a
             # query row, and KV tiles through the ring: the phases of the barriers and the
             # ring's position carry over between items.
@@ -603,7 +619,6 @@ def gqa_prefill_ws(
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 if tx < consumer_threads + 32:
-                    lane = tx - consumer_threads
                     while fetched[0] >= 0:
                         slot = fetched[0] % 2
                         T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
@@ -624,12 +639,16 @@ def gqa_prefill_ws(
                             # Completed once, so a wait past the first item returns at once.
                             T.mbarrier_wait_parity(batch_checked[0], 0)
                             if batch_ok[0] == 0:
-                                Validate(item, indptr, seq, tile, lane, 32, ok, T.all_sync)
+                                tile[7] = slot_of(item)
                         if tx == consumer_threads:  # one writer: no barrier within the warp
                             for i in T.serial(8):
                                 item_tile[slot, i] = tile[i]
                         T.mbarrier_arrive(item_full[slot])
                         if item < num_items:
+                            if batch_ok[0] == 0:  # the consumers check the item
+                                T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
+                                tile[1] = item_tile[slot, 1]
+                                tile[4] = item_tile[slot, 4]
                             q_start, seq_q, kv_start, q_tile, head = (
                                 tile[0], tile[1], tile[2], tile[4], tile[5]
                             )  # fmt: skip
@@ -666,12 +685,6 @@ def gqa_prefill_ws(
                                     ):  # fmt: skip
                                         Scheduler[0] = 0
                                         Scheduler[1] = 0
-                elif tx < consumer_threads + 64:
-                    CheckBatch(indptr, tx - consumer_threads - 32, 32, ok)
-                    verdict = T.all_sync(ok[0])
-                    if tx == consumer_threads + 32:
-                        batch_ok[0] = verdict
-                    T.mbarrier_arrive(batch_checked[0])  # releases batch_ok to the waiter
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 warpgroup = tx // 128
@@ -682,16 +695,34 @@ def gqa_prefill_ws(
                         T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
                 while fetched[0] >= 0:
                     slot = fetched[0] % 2
+                    if (fetched[0] == 0) & (tx < 32):
+                        CheckBatch(indptr, tx, 32, ok)
+                        verdict = T.all_sync(ok[0])
+                        if tx == 0:
+                            batch_ok[0] = verdict
+                        T.mbarrier_arrive(batch_checked[0])
                     T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
-                    for i in T.serial(8):
+                    if item_tile[slot, 7] >= 0:  # a malformed batch
+                        # The first warp checks the item's tile and marks it in item_tile for
+                        # everyone, the producer included, who all wait for that.
+                        if tx < 32:
+                            CheckTile(item_tile[slot, 7], indptr, seq, tx, 32, ok, T.all_sync)
+                            if (tx == 0) & (ok[0] == 0):  # seq_q = q_tile = 0, as for a spare slot
+                                item_tile[slot, 1] = 0
+                                item_tile[slot, 4] = 0
+                            T.mbarrier_arrive(item_checked[slot])
+                        Poison(
+                            indptr, Output, LSE, item_tile[slot, 7], item_tile[slot, 5], tx,
+                            consumer_threads, seq, ok,
+                        )  # fmt: skip
+                        T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
+                    for i in T.serial(7):
                         tile[i] = item_tile[slot, i]
                     T.mbarrier_arrive(item_empty[slot])
                     fetched[0] = T.if_then_else(tile[6] == 1, fetched[0] + 1, -1)
                     q_start, seq_q, seq_kv, q_tile = tile[0], tile[1], tile[3], tile[4]
                     head = tile[5]
                     q_pos0, full_end, loop_range = bounds(tile)
-                    if tile[7] >= 0:
-                        Poison(indptr, Output, LSE, tile[7], head, tx, consumer_threads, seq, ok)
                     if tile[6] == 1 and q_tile < seq_q:
                         r = ring[0]
                         T.fill(acc_o, 0)

@@ -35,9 +35,9 @@ from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, compile_varia
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _kernels = {}  # (dtype, causal) -> compiled kernel
-# Keyed by shapes, strides, dtypes and device; the plans hold what the checks of that key let
-# every later call skip: padded (kernel, qo_indptr, kv_indptr, scratch lse), ragged (kernel,
-# K/V stand-in for a batch without keys, or None).
+# Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
+# what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
+# token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
@@ -55,22 +55,17 @@ def _scheduler(device: int):
     return counters
 
 
-def _kernel(dtype: torch.dtype, causal: bool, device: torch.device):
+def _kernel(dtype: torch.dtype, causal: bool, device: int):
     kernel = _kernels.get((dtype, causal))
     if kernel is None:
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):
             raise RuntimeError(
-                f"the TileLang kernels are built for sm_90a (H100/H200); {device} is "
+                f"the TileLang kernels are built for sm_90a (H100/H200); cuda:{device} is "
                 f"sm_{capability[0]}{capability[1]}"
             )
         kernel = _kernels[(dtype, causal)] = compile_variant(_DTYPES[dtype], causal)
     return kernel
-
-
-def _as_rows(x: torch.Tensor, rows: int, heads: int) -> torch.Tensor:
-    """Padded q, k or v as [rows, heads, 128] at its token stride."""
-    return x.as_strided((rows, heads, HEAD_DIM), (token_stride(x), HEAD_DIM, 1))
 
 
 def _lone_token(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -82,12 +77,14 @@ def _lone_token(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _plan_padded(q, k, v, out) -> tuple:
-    """Check shapes, dtypes and layout (once per key) and build the launch's fixed tensors."""
+    """Check shapes, dtypes and layout (once per key) and build the launch's fixed tensors and
+    the token strides of q, k and v (the kernel sees [rows, heads, 128] at that stride)."""
     batch, seq_q, seq_kv = check_padded_shapes(q, k, v, out)
     check_layout(PADDED_NAMES, (q, k, v, out))
     seqs = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     lse = torch.empty(batch * seq_q, NUM_HEADS, dtype=torch.float32, device=q.device)
-    return q.dtype, seqs * seq_q, seqs * seq_kv, lse
+    strides = tuple((token_stride(x), HEAD_DIM, 1) for x in (q, k, v))
+    return q.dtype, seqs * seq_q, seqs * seq_kv, lse, strides
 
 
 def run_padded(q, k, v, causal, out):
@@ -106,7 +103,7 @@ def run_padded(q, k, v, causal, out):
             _padded_plans.store(key, plan)
     else:
         check_placement(PADDED_NAMES, (q, k, v, out))
-    dtype, qo_indptr, kv_indptr, lse = plan
+    dtype, qo_indptr, kv_indptr, lse, (q_strides, k_strides, v_strides) = plan
     batch, seq_q, seq_kv = q.shape[0], q.shape[1], k.shape[1]
     if batch == 0 or seq_q == 0:
         return
@@ -114,17 +111,18 @@ def run_padded(q, k, v, causal, out):
         out.zero_()
         return
     total_q, total_kv = batch * seq_q, batch * seq_kv
-    _kernel(dtype, causal, q.device)(
-        _as_rows(q, total_q, NUM_HEADS),
-        _as_rows(k, total_kv, NUM_KV_HEADS),
-        _as_rows(v, total_kv, NUM_KV_HEADS),
+    device = q.get_device()
+    _kernel(dtype, causal, device)(
+        q.as_strided((total_q, NUM_HEADS, HEAD_DIM), q_strides),
+        k.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), k_strides),
+        v.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), v_strides),
         qo_indptr,
         kv_indptr,
         total_kv,
         HEAD_DIM**-0.5,
         out.view(total_q, NUM_HEADS, HEAD_DIM),
         lse,
-        _scheduler(q.get_device()),
+        _scheduler(device),
     )
 
 
@@ -138,7 +136,7 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
     keyless = None
     if total_kv == 0:
         keyless = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=q.dtype, device=q.device)
-    return _kernel(q.dtype, True, q.device), keyless
+    return _kernel(q.dtype, True, q.get_device()), keyless
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):

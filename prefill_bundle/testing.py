@@ -261,6 +261,8 @@ MALFORMED_BATCHES = [
     MalformedBatch("qo_last_value_short", (0, 30, 70, 90), _KV),
     MalformedBatch("kv_last_value_short", _QO, (0, 40, 80, 100)),
     MalformedBatch("all_garbage", (7, -3, 1 << 30, 5), (99, 7, -8, INT32_MAX)),
+    # The slots before a late first sequence fall back to sequence 0 with a negative tile.
+    MalformedBatch("qo_start_past_a_tile", (40, 60, 80, 100), _KV),
 ]
 
 

@@ -378,13 +378,11 @@ void check_layout(std::initializer_list<const Arg*> args) {
   }
 }
 
-// PREFILL_BUNDLE_VALIDATE=1 (read once): indptr values are checked on the host on every call.
+// PREFILL_BUNDLE_VALIDATE=1: indptr values are checked on the host. Read on every call (a getenv
+// is tens of nanoseconds), so a process can switch it on after the module loaded.
 bool validate_indptr_values() {
-  static const bool on = [] {
-    const char* value = std::getenv("PREFILL_BUNDLE_VALIDATE");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
-  return on;
+  const char* value = std::getenv("PREFILL_BUNDLE_VALIDATE");
+  return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
 // arguments.check_indptr_values: both arrays are partitions, 0 = p0 <= ... <= pn = total. One

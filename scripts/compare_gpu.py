@@ -3,11 +3,19 @@ time_runnable: synchronize, flush L2, clone inputs, time one call with events; h
 included), interleaved (A B A B) because the card heats up within a call; best of two rounds.
 
     python scripts/compare_gpu.py triton_mini tilelang_mini triton_ragged
+    python scripts/compare_gpu.py triton_ragged --old OLD/triton_ragged.json   # A/B a change
+
+--old takes Solution JSON files of earlier versions (e.g. `git show REV:solutions/...json`),
+timed beside the current ones as "<name>@old"; kernel time (triton.testing.do_bench) is printed
+too, to tell a kernel change from a host one.
 """
 
-import sys
+import argparse
 
+import triton.testing
+from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
+from flashinfer_bench.compile import BuilderRegistry
 
 from prefill_bundle import MINI
 from prefill_bundle.gpu_timing import clocks
@@ -15,6 +23,7 @@ from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,
+    load_definition,
     load_solution,
     make_inputs,
     poisoned_outputs,
@@ -32,9 +41,13 @@ PADDED = [
 RAGGED = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]
 
 
-def compare(names, baseline, cases):
-    names = [baseline, *names]
-    runnables = {name: build_solution(name) for name in names}
+def compare(names, baseline, cases, old=()):
+    runnables = {name: build_solution(name) for name in [baseline, *names]}
+    for solution in old:
+        runnables[f"{solution.name}@old"] = BuilderRegistry.get_instance().build(
+            load_definition(solution.definition), solution
+        )
+    names = list(runnables)
     rows = []
     for case in cases:
         inputs = make_inputs(case, "cuda", seed=0)
@@ -43,29 +56,42 @@ def compare(names, baseline, cases):
             dps = fn.metadata.destination_passing_style
             args[name] = inputs + (poisoned_outputs(case, inputs) if dps else [])
         best = {name: float("inf") for name in names}
+        kernel = dict(best)
         for _ in range(2):
             for name in names:
                 ms = time_runnable(runnables[name], args[name], 10, 50, "cuda")
                 best[name] = min(best[name], ms)
+                call = lambda: runnables[name](*args[name])  # noqa: E731
+                kernel[name] = min(kernel[name], triton.testing.do_bench(call, 10, 50))
         for name in names:
-            rows.append((case.id[:34], name, best[name], best[baseline] / best[name]))
+            ratios = best[baseline] / best[name], kernel[baseline] / kernel[name]
+            rows.append((case.id[:34], name, best[name], *ratios))
     return rows
 
 
-def main(names):
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--old", nargs="*", default=[], help="Solution JSON of earlier versions")
+    parser.add_argument("--min-tokens", type=int, default=0, help="skip smaller ragged batches")
+    options = parser.parse_args()
+    old = [Solution.model_validate_json(open(path).read()) for path in options.old]
     print("gpu at start:", clocks())
-    mini = [n for n in names if load_solution(n).definition == MINI]
-    ragged = [n for n in names if n not in mini]
+    mini = [n for n in options.names if load_solution(n).definition == MINI]
+    ragged = [n for n in options.names if n not in mini]
     rows = []
     if mini:
-        rows += compare(mini, "flashinfer_mini", PADDED)
+        old_mini = [s for s in old if s.definition == MINI]
+        rows += compare(mini, "flashinfer_mini", PADDED, old_mini)
     if ragged:
-        rows += compare(ragged, "flashinfer_ragged", RAGGED)
+        cases = [c for c in RAGGED if sum(c.q_lens) >= options.min_tokens]
+        old_ragged = [s for s in old if s.definition != MINI]
+        rows += compare(ragged, "flashinfer_ragged", cases, old_ragged)
     print("gpu at end:", clocks())
-    print(f"\n{'shape':34s} {'solution':16s} {'ms':>9s} {'FI/x':>6s}")
-    for shape, name, ms, ratio in rows:
-        print(f"{shape:34s} {name:16s} {ms:9.4f} {ratio:6.2f}")
+    print(f"\n{'shape':34s} {'solution':20s} {'ms':>9s} {'FI/x':>6s} {'kernel FI/x':>11s}")
+    for shape, name, ms, ratio, kernel_ratio in rows:
+        print(f"{shape:34s} {name:20s} {ms:9.4f} {ratio:6.2f} {kernel_ratio:11.2f}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

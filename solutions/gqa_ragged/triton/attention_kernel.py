@@ -317,9 +317,7 @@ def gqa_prefill_fwd(
         seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE=TOKENS_PER_TILE)
         # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
         # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
-        batch_ok = is_partition(qo_indptr, num_seqs, seq_q) & is_partition(
-            kv_indptr, num_seqs, seq_kv
-        )
+        batch_ok = is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv)
         if not batch_ok:
             poison_uncovered_rows(
                 out, lse, qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv, slot, first_head,

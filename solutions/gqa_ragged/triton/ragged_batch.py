@@ -38,14 +38,20 @@ def find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE: tl.constexpr):
 
 
 @triton.jit
-def is_partition(indptr, num_seqs, rows):
-    """indptr[0] == 0, indptr[num_seqs] == rows, and non-decreasing."""
-    ok = (tl.load(indptr) == 0) & (tl.load(indptr + num_seqs) == rows)
+def is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv):
+    """Both arrays start at 0, end at their row count and never decrease. One loop over both,
+    so that their loads share one memory round trip."""
+    ok = (tl.load(qo_indptr) == 0) & (tl.load(qo_indptr + num_seqs) == total_q)
+    ok = ok & (tl.load(kv_indptr) == 0) & (tl.load(kv_indptr + num_seqs) == total_kv)
     for base in range(0, num_seqs, CHUNK):
         i = base + tl.arange(0, CHUNK)
-        start = tl.load(indptr + i, mask=i < num_seqs, other=0)
-        end = tl.load(indptr + i + 1, mask=i < num_seqs, other=0)
-        ok = ok & (tl.max((end < start).to(tl.int32), 0) == 0)
+        in_batch = i < num_seqs
+        q_start = tl.load(qo_indptr + i, mask=in_batch, other=0)
+        q_end = tl.load(qo_indptr + i + 1, mask=in_batch, other=0)
+        kv_start = tl.load(kv_indptr + i, mask=in_batch, other=0)
+        kv_end = tl.load(kv_indptr + i + 1, mask=in_batch, other=0)
+        decreasing = (q_end < q_start) | (kv_end < kv_start)
+        ok = ok & (tl.max(decreasing.to(tl.int32), 0) == 0)
     return ok
 
 

@@ -587,6 +587,19 @@ int token_stride_32(const Arg& x) {
   return static_cast<int>(step);
 }
 
+// The fields both definitions fill alike: q, k, v with their token strides, and the output.
+Params input_params(const Arg& q, const Arg& k, const Arg& v, const Arg& out) {
+  Params params{};
+  params.q = address(*q);
+  params.k = address(*k);
+  params.v = address(*v);
+  params.q_stride = token_stride_32(q);
+  params.k_stride = token_stride_32(k);
+  params.v_stride = token_stride_32(v);
+  params.out = const_cast<char*>(address(*out));
+  return params;
+}
+
 void check_grid(int64_t num_ctas) {
   if (num_ctas > std::numeric_limits<int32_t>::max()) {
     TVM_FFI_THROW(ValueError) << "too many query rows: " << num_ctas
@@ -610,14 +623,7 @@ void run_padded(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView causal_arg,
   }
   if (batch == 0 || seq_q == 0) return;  // no query row: nothing to write
 
-  Params params{};
-  params.q = address(*q);
-  params.k = address(*k);
-  params.v = address(*v);
-  params.q_stride = token_stride_32(q);
-  params.k_stride = token_stride_32(k);
-  params.v_stride = token_stride_32(v);
-  params.out = const_cast<char*>(address(*out));
+  Params params = input_params(q, k, v, out);
   params.lse = nullptr;
   params.batch = static_cast<int>(batch);
   params.seq_q = static_cast<int>(seq_q);
@@ -661,14 +667,7 @@ void run_ragged(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_a
   }
   if (total_q == 0) return;  // no query row: nothing to write
 
-  Params params{};
-  params.q = address(*q);
-  params.k = address(*k);
-  params.v = address(*v);
-  params.q_stride = token_stride_32(q);
-  params.k_stride = token_stride_32(k);
-  params.v_stride = token_stride_32(v);
-  params.out = const_cast<char*>(address(*output));
+  Params params = input_params(q, k, v, output);
   params.lse = reinterpret_cast<float*>(const_cast<char*>(address(*lse)));
   params.qo_indptr = reinterpret_cast<const int*>(address(*qo_indptr));
   params.kv_indptr = reinterpret_cast<const int*>(address(*kv_indptr));

@@ -19,6 +19,19 @@ from .generated import GeneratedFile
 
 BASELINE_AUTHOR = "baseline"
 BUNDLE_AUTHOR = "gqa-prefill-bundle"
+# The CUDA solutions' files (flat, beside each other; attention_kernel.cuh includes the rest).
+CUDA_SOURCES = (
+    "prefill_entry.cu",
+    "attention_kernel.cuh",
+    "kernel_config.cuh",
+    "ptx_sm80.cuh",
+    "tile_schedule.cuh",
+    "mask_softmax.cuh",
+    "epilogue.cuh",
+    "kernel_portable.cuh",
+    "ptx_sm90.cuh",
+    "kernel_hopper.cuh",
+)
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,13 @@ SOLUTIONS = [
         backend="tilelang",
         language="tilelang",
         entry_point="tilelang_prefill.py::run_padded",
-        sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        sources=(
+            "tilelang_prefill.py",
+            "gqa_prefill_kernel.py",
+            "gqa_prefill_steps.py",
+            "gqa_prefill_ws.py",
+            "gqa_prefill_pipelined.py",
+        ),
         shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
@@ -133,7 +152,13 @@ SOLUTIONS = [
         backend="tilelang",
         language="tilelang",
         entry_point="tilelang_prefill.py::run_ragged",
-        sources=("tilelang_prefill.py", "gqa_prefill_kernel.py"),
+        sources=(
+            "tilelang_prefill.py",
+            "gqa_prefill_kernel.py",
+            "gqa_prefill_steps.py",
+            "gqa_prefill_ws.py",
+            "gqa_prefill_pipelined.py",
+        ),
         shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
@@ -146,7 +171,7 @@ SOLUTIONS = [
         language="cuda",
         binding="tvm-ffi",
         entry_point="prefill_entry.cu::run_padded",
-        sources=("prefill_entry.cu", "attention_kernel.cuh"),
+        sources=CUDA_SOURCES,
         description="CUDA C++ flash attention forward, 32 tokens x the 4 query heads of a KV group "
         "per 128-row tile. Built for sm_90a (TVM_FFI_CUDA_ARCH_LIST=9.0a): warp-specialized, a TMA "
         "producer warp feeding a 2-stage mbarrier ring, two wgmma consumer warpgroups (softmax "
@@ -160,7 +185,7 @@ SOLUTIONS = [
         language="cuda",
         binding="tvm-ffi",
         entry_point="prefill_entry.cu::run_ragged",
-        sources=("prefill_entry.cu", "attention_kernel.cuh"),
+        sources=CUDA_SOURCES,
         description="CUDA C++ flash attention forward over a ragged batch (warp-specialized "
         "TMA + wgmma on sm_90a, mma.sync otherwise): work items sized from total_q and the batch "
         "(no host sync), sequences found by a binary search over qo_indptr in the kernel, a "

@@ -1,7 +1,7 @@
 """On the GPU: kernel time of variants of the CUDA solution against FlashInfer fa3 on the big
 padded shapes and two ragged batches, interleaved (A B A B; the card heats up within a call),
 each checked against FlashInfer's output first. A variant is the packed solution with text
-replaced in attention_kernel.cuh (a constexpr knob), built under its own name. Prints a table.
+replaced in kernel_hopper.cuh (a constexpr knob), built under its own name. Prints a table.
 
     TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
 """
@@ -23,8 +23,8 @@ from prefill_bundle.testing import (
     poisoned_outputs,
 )
 
-KERNEL = "attention_kernel.cuh"
-# name: [(text in attention_kernel.cuh, replacement)]; "default" is the file as it is.
+KERNEL = "kernel_hopper.cuh"
+# name: [(text in kernel_hopper.cuh, replacement)]; "default" is the file as it is.
 # Measured on the H100 (2026-11-24, kernel time vs FlashInfer fa3; see the CUDA issue notes):
 # FA3's ping-pong between the consumer warpgroups (named barriers around each warpgroup's
 # issue) changed nothing (0.81 / 0.91 / 0.89 with and without), and was removed; non-causal

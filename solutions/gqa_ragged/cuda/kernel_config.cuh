@@ -1,0 +1,49 @@
+// Problem constants (head counts, head_dim), the portable kernel's tile sizes, and Params:
+// the arguments both kernels read. Part of attention_kernel.cuh (the overview is there).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gqa_prefill {
+
+constexpr int kNumHeads = 32;
+constexpr int kNumKvHeads = 8;
+constexpr int kGroupSize = kNumHeads / kNumKvHeads;  // query head h reads KV head h / 4
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;                      // rows per CTA (token, head) pairs
+constexpr int kTokensPerTile = kBlockM / kGroupSize;  // 32 query tokens per CTA
+constexpr int kBlockN = 64;                       // keys per K/V tile
+constexpr int kNumWarps = 8;                      // 16 rows each
+constexpr int kNumThreads = kNumWarps * 32;
+// Shared-memory rows padded by 8 elements (16 bytes): the 8 row addresses of an ldmatrix
+// phase then fall on distinct banks.
+constexpr int kSmemStride = kHeadDim + 8;
+constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte chunks per 128-element row
+constexpr size_t kSmemBytes = size_t(kBlockM + 2 * kBlockN) * kSmemStride * 2;  // Q, K, V
+
+static_assert(kBlockM == kNumWarps * 16, "each warp owns one m16 row block");
+static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "fragment loops assume multiples of 16");
+
+struct Params {
+  const void* q;  // [tokens, 32, 128], tokens q_stride elements apart
+  const void* k;  // [tokens, 8, 128], tokens k_stride elements apart
+  const void* v;  // like k, v_stride
+  int q_stride, k_stride, v_stride;
+  void* out;        // [tokens, 32, 128], contiguous
+  float* lse;       // [tokens, 32] base-2 log-sum-exp, or nullptr (padded definition)
+  const int* qo_indptr;  // ragged only: [batch + 1]
+  const int* kv_indptr;
+  int batch;
+  int seq_q;   // padded only: rows per sequence
+  int seq_kv;
+  int tiles_per_seq;  // padded only: cdiv(seq_q, kTokensPerTile)
+  int total_q;   // ragged only: clamps for indptr values
+  int total_kv;
+  float scale_log2;  // sm_scale * log2(e): softmax runs in base 2 (exp2)
+};
+
+}  // namespace gqa_prefill

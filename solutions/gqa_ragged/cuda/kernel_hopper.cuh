@@ -1,0 +1,417 @@
+// The Hopper kernel (FlashAttention-3 style: TMA, wgmma, warp-specialized; sm_90a only), its
+// tile sizes (HopperTiles), parameters and work items. Described below.
+#pragma once
+
+#include "epilogue.cuh"
+#include "kernel_config.cuh"
+#include "mask_softmax.cuh"
+#include "ptx_sm80.cuh"
+#include "ptx_sm90.cuh"
+#include "tile_schedule.cuh"
+
+namespace gqa_prefill {
+
+// ---- The Hopper kernel (TMA, wgmma, warp-specialized; sm_90a only) ------------------------
+//
+// FlashAttention-3's structure, with the same 128-row query tiles, row order and tile placement
+// as the portable kernel. 384 threads in three warpgroups:
+//   producer (warpgroup 0, one thread): takes work items (query tile, KV head), finds their
+//     sequence (locate_tile; in a malformed ragged batch it also poisons every item's slab,
+//     spare ones included) and hands them to the consumers through a 2-slot item buffer,
+//     then loads Q and streams K/V tiles with TMA into a 2-stage ring, each load completing
+//     on an mbarrier (full), each stage reused once the consumers release it (empty);
+//   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
+//     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
+//     with S[n + 1] issued before P[n] V[n] so that the softmax of one tile runs while the
+//     tensor cores work on the other, O's rescale done before P V while Q K^T runs, and the
+//     scale folded into the exponentials (one FFMA per logit; the host runs the portable
+//     kernel for a scale <= 0); then the epilogue (normalize, lse, stage the rows in shared
+//     memory, 16-byte coalesced stores).
+// setmaxnreg moves registers from the producer warpgroup to the consumers.
+//
+// Causal kernels are persistent: the grid is one CTA per SM, and the producer takes the next
+// item with an atomic add on a per-stream counter (next_item), items ordered heaviest first,
+// so that SMs that drew short items take more. The last CTA to draw past the end zeroes the
+// counter, so the next launch on the stream finds it at 0 without a memset. While the
+// consumers finish an item, the producer already loads the next one's Q (causal tiles stage the
+// output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA per
+// item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
+// buffer: the output is staged in Q's buffer.
+//
+// Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), 1024-byte aligned: what
+// TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and what a wgmma descriptor of layout type
+// SWIZZLE_128B reads, K-major for Q and K, MN-major for V. The Q tile comes from a 3-D view
+// of q (dim, head, token), box (64, 4 heads, 32 tokens): row r = (token r / 4, head r % 4).
+// K/V tiles come from (dim, kv head, token), box (64, 1, kBlockN). Rows past a sequence's end
+// are loaded too (the next sequence's rows, or zeros past the tensor's end, which TMA fills):
+// their logits are masked to -inf, so they add 0 * finite to O.
+//
+// Only an sm_90a build compiles the body (wgmma, setmaxnreg); elsewhere the kernel is a stub
+// that traps. The host cannot see __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare
+// different maximum block sizes (__launch_bounds__): the host reads the loaded version's
+// value with cudaFuncGetAttributes (maxThreadsPerBlock) and runs this kernel only where it is
+// kWgmmaThreads (see prefill_entry.cu).
+
+// Set to false to build the Hopper kernel but always run the portable one.
+constexpr bool kEnableWgmmaPath = true;
+constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kWgmmaStubThreads = 32;   // the stub's bound: "not compiled"
+constexpr int kKvStages = 2;  // K/V ring depth (each of K and V)
+constexpr uint32_t kQTileBytes = kBlockM * kHeadDim * 2;  // 32 KiB
+constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
+
+template <bool kCausal>
+struct HopperTiles {
+  static constexpr int kBlockN = kCausal ? 128 : 176;   // keys per K/V tile
+  static constexpr bool kOwnOutputBuffer = kCausal;     // else the output is staged in Q's
+  static constexpr bool kPersistent = kCausal;          // else one CTA per work item
+  static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
+  // setmaxnreg: 128 producer + 256 consumer threads share 64 K registers. 176-key score tiles
+  // need 240 per consumer thread; with 128-key tiles the producer gets 32 (its ragged
+  // sequence search spills at 24).
+  static constexpr int kProducerRegisters = kCausal ? 32 : 24;
+  static constexpr int kConsumerRegisters = kCausal ? 232 : 240;
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 64 * 1024, "registers");
+  // Byte offsets from the 1024-aligned base.
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
+  static constexpr uint32_t kV = kK + kKvStages * kKvTileBytes;
+  static constexpr uint32_t kO = kOwnOutputBuffer ? kV + kKvStages * kKvTileBytes : kQ;
+  static constexpr uint32_t kBarriers = kV + kKvStages * kKvTileBytes +
+                                        (kOwnOutputBuffer ? kQTileBytes : 0);
+  static constexpr uint32_t kSmemBytes = kBarriers + 256 + 1024;  // barriers, items, alignment
+  static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+};
+
+// The kernel's parameters beyond Params: TMA descriptors (by value, __grid_constant__) and
+// the work schedule.
+struct HopperParams {
+  Params p;
+  CUtensorMap q_map;  // q as (dim 128, head 32, token), box (64, 4, 32)
+  CUtensorMap k_map;  // k as (dim 128, kv head 8, token), box (64, 1, kBlockN)
+  CUtensorMap v_map;
+  int* scheduler;  // persistent kernels: int32[2] {items drawn, CTAs done}, zero between launches
+  int num_items;   // work items (query tile slot x KV head)
+};
+
+// A work item as the producer hands it to the consumers.
+struct WorkItem {
+  TileCoords t;
+  int kv_head;
+  int valid;  // 0: no more work, the consumers exit
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaThreads, 1)
+#else
+#define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaStubThreads, 1)
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Ring position of the i-th K/V tile (counted over all items of the CTA): stage and the parity
+// of its barriers' phase.
+struct RingSlot {
+  uint32_t stage, parity;
+  __device__ __forceinline__ explicit RingSlot(uint32_t i)
+      : stage(i % kKvStages), parity((i / kKvStages) & 1) {}
+};
+
+// The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.
+// Past the end, the last CTA to get there zeroes the counter for the next launch.
+__device__ __forceinline__ int next_item(const HopperParams& hp, int item) {
+  if (hp.scheduler == nullptr) return item + gridDim.x;
+  const int next = gridDim.x + atomicAdd(hp.scheduler, 1);
+  if (next >= hp.num_items) {
+    __threadfence();  // this CTA's draws happen before its count below
+    if (atomicAdd(hp.scheduler + 1, 1) == int(gridDim.x) - 1) {
+      __threadfence();  // every CTA's draws happen before the reset
+      hp.scheduler[0] = 0;
+      hp.scheduler[1] = 0;
+    }
+  }
+  return next;
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, bool kCausal, bool kRagged>
+__global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tiles = HopperTiles<kCausal>;
+  constexpr int kBlockN = Tiles::kBlockN;
+  const Params& p = hp.p;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  // 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes).
+  const uint32_t raw_base = smem_addr(wgmma_smem);
+  const uint32_t base = (raw_base + 1023) & ~1023u;
+  const uint32_t sQ = base + Tiles::kQ;
+  const uint32_t sK = base + Tiles::kK;
+  const uint32_t sV = base + Tiles::kV;
+  const uint32_t sO = base + Tiles::kO;
+  // mbarriers (8 bytes each): full = data landed, empty = the consumers are done with it.
+  const uint32_t bars = base + Tiles::kBarriers;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const uint32_t k_full = bars + 16, k_empty = k_full + 8 * kKvStages;  // + 8 * stage
+  const uint32_t v_full = k_empty + 8 * kKvStages, v_empty = v_full + 8 * kKvStages;
+  const uint32_t item_full = v_empty + 8 * kKvStages, item_empty = item_full + 16;  // + 8 * slot
+  static_assert(16 + 4 * 8 * kKvStages + 32 <= 128, "the barriers end before the item slots");
+  WorkItem* items =
+      reinterpret_cast<WorkItem*>(wgmma_smem + (bars - raw_base) + 128);  // 2 slots
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, kConsumerThreads);
+    for (int s = 0; s < kKvStages; ++s) {
+      mbarrier_init(k_full + 8 * s, 1);
+      mbarrier_init(k_empty + 8 * s, kConsumerThreads);
+      mbarrier_init(v_full + 8 * s, 1);
+      mbarrier_init(v_empty + 8 * s, kConsumerThreads);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbarrier_init(item_full + 8 * slot, 1);
+      mbarrier_init(item_empty + 8 * slot, kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Ragged: whether the batch is valid, checked once by all threads together (the producer
+  // alone uses it).
+  bool batch_ok = true;
+  if constexpr (kRagged) {
+    batch_ok = __syncthreads_and(batch_part_ok(p, tid, kWgmmaThreads));
+  } else {
+    __syncthreads();
+  }
+
+  if (tid < 128) {
+    // ---- Producer warpgroup: one thread works, the others leave.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tiles::kProducerRegisters));
+    if (tid != 0) return;
+    tma_prefetch_descriptor(hp.q_map);
+    tma_prefetch_descriptor(hp.k_map);
+    tma_prefetch_descriptor(hp.v_map);
+    uint32_t tile_count = 0;
+    int item = blockIdx.x;
+#pragma unroll 1
+    for (uint32_t n_item = 0;; ++n_item) {
+      WorkItem w;
+      w.valid = 0;
+      while (item < hp.num_items) {
+        w.kv_head = item % kNumKvHeads;
+        const int tile_slot = item / kNumKvHeads;
+        // Every item this thread draws passes here once, spare ones included.
+        if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
+        if (locate_tile<kCausal, kRagged>(p, tile_slot, batch_ok, w.t)) {
+          w.valid = 1;
+          break;
+        }
+        item = next_item(hp, item);  // a spare or malformed sequence's slot of a ragged batch
+      }
+      const uint32_t slot = n_item % 2;
+      mbarrier_wait(item_empty + 8 * slot, ((n_item / 2) & 1) ^ 1);
+      items[slot] = w;
+      mbarrier_arrive(item_full + 8 * slot);
+      if (!w.valid) return;
+
+      mbarrier_wait(q_empty, (n_item & 1) ^ 1);
+      mbarrier_arrive_expect_tx(q_full, kQTileBytes);
+      for (int half = 0; half < 2; ++half) {
+        tma_load_3d(sQ + half * kQHalfBytes, hp.q_map, q_full, half * 64,
+                    w.kv_head * kGroupSize, w.t.q_row0);
+      }
+      const int num_kv_tiles = (w.t.kv_len + kBlockN - 1) / kBlockN;
+#pragma unroll 1
+      for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
+        const RingSlot ring(tile_count);
+        const int row = w.t.kv_start + n * kBlockN;
+        mbarrier_wait(k_empty + 8 * ring.stage, ring.parity ^ 1);
+        mbarrier_arrive_expect_tx(k_full + 8 * ring.stage, Tiles::kKvTileBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load_3d(sK + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
+                      hp.k_map, k_full + 8 * ring.stage, half * 64, w.kv_head, row);
+        }
+        mbarrier_wait(v_empty + 8 * ring.stage, ring.parity ^ 1);
+        mbarrier_arrive_expect_tx(v_full + 8 * ring.stage, Tiles::kKvTileBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load_3d(sV + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
+                      hp.v_map, v_full + 8 * ring.stage, half * 64, w.kv_head, row);
+        }
+      }
+      item = next_item(hp, item);
+    }
+  }
+
+  // ---- Consumer warpgroups.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tiles::kConsumerRegisters));
+  using Ops = ElementOps<T>;
+  using WgmmaS = WgmmaSS<T, kBlockN>;
+  using WgmmaPV = WgmmaRS<T>;
+  constexpr int kSB = kBlockN / 8;   // n8 blocks of a score tile
+  constexpr int kPK = kBlockN / 16;  // k16 steps of P V
+  const int ctid = tid - 128;        // 0 .. 255
+  const int warp = ctid / 32;        // owns rows 16 warp .. 16 warp + 15 of the tile
+  const int warpgroup = warp / 4;    // owns rows 64 warpgroup .. + 63
+  const int lane = ctid % 32;
+  const int group = lane / 4;
+  const int quad_lane = lane % 4;
+
+  // Descriptors. A (Q): this warpgroup's 64 rows; k step ks (16 columns) is 32 bytes further
+  // within a 64-column half (the hardware applies the swizzle to the computed addresses).
+  // B (K): all kBlockN keys, the same k steps. B (V): k step ks = keys 16 ks .. 16 ks + 15,
+  // 16 rows of 128 bytes further.
+  const uint64_t q_desc = smem_desc(sQ + warpgroup * 64 * 128, 16);
+  const uint64_t k_desc = smem_desc(sK, 16);
+  const uint64_t v_desc = smem_desc(sV, Tiles::kKvHalfBytes);
+  constexpr uint64_t kStageStep = Tiles::kKvTileBytes >> 4;  // descriptor units (16 bytes)
+
+  uint32_t tile_count = 0;
+#pragma unroll 1
+  for (uint32_t n_item = 0;; ++n_item) {
+    const uint32_t slot = n_item % 2;
+    mbarrier_wait(item_full + 8 * slot, (n_item / 2) & 1);
+    const WorkItem w = items[slot];
+    mbarrier_arrive(item_empty + 8 * slot);
+    if (!w.valid) return;
+    const TileCoords& t = w.t;
+    const int num_kv_tiles = (t.kv_len + kBlockN - 1) / kBlockN;
+    const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
+
+    // S = Q K^T of ring tile i (64 rows x kBlockN keys per warpgroup), issued and committed.
+    auto issue_s = [&](float (&s)[kSB][4], const RingSlot& ring) {
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const uint64_t q_step = ((ks / 4) * kQHalfBytes + (ks % 4) * 32) >> 4;
+        const uint64_t k_step = ((ks / 4) * Tiles::kKvHalfBytes + (ks % 4) * 32) >> 4;
+        WgmmaS::run(s, q_desc + q_step, k_desc + ring.stage * kStageStep + k_step, ks > 0);
+      }
+      wgmma_commit();
+    };
+    float acc[kHeadDim / 8][4];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    }
+    // O += P V of ring tile i, issued and committed.
+    uint32_t pa[kPK][4];
+    auto issue_pv = [&](const RingSlot& ring) {
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kPK; ++ks) {
+        WgmmaPV::run(acc, pa[ks], v_desc + ring.stage * kStageStep + ((ks * 16 * 128) >> 4));
+      }
+      wgmma_commit();
+    };
+    auto pack_p = [&](const float (&s)[kSB][4]) {
+#pragma unroll
+      for (int ks = 0; ks < kPK; ++ks) {
+        pa[ks][0] = Ops::pack(s[2 * ks][0], s[2 * ks][1]);
+        pa[ks][1] = Ops::pack(s[2 * ks][2], s[2 * ks][3]);
+        pa[ks][2] = Ops::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        pa[ks][3] = Ops::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+    };
+    // Q's buffer is free for the next item once the last S of this one is done (causal), or
+    // once the output staged in it has been written out (non-causal).
+    auto release_q = [&]() {
+      if constexpr (!Tiles::kOwnOutputBuffer) fence_proxy_async();  // generic use -> TMA
+      mbarrier_arrive(q_empty);
+    };
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+
+    mbarrier_wait(q_full, n_item & 1);
+    // O's rescale factors for the softmax of the latest score tile, applied before the next
+    // P V (while the tensor cores run Q K^T).
+    float rescale[2] = {1.f, 1.f};
+    if (num_kv_tiles > 0) {
+      // Prologue: P[0].
+      const RingSlot first(tile_count);
+      mbarrier_wait(k_full + 8 * first.stage, first.parity);
+      float s[kSB][4];
+      issue_s(s, first);
+      wgmma_wait<0>();
+      fence_operands(s);
+      mbarrier_arrive(k_empty + 8 * first.stage);
+      if (Tiles::kOwnOutputBuffer && num_kv_tiles == 1) release_q();
+      mask_tile<kCausal>(s, t, 0, row_token, quad_lane);
+      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);  // O is still 0
+      pack_p(s);
+    }
+    // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
+    // (issued just before it) runs on the CUDA cores. The last tile's P V runs after the loop.
+#pragma unroll 1
+    for (int n = 0; n + 1 < num_kv_tiles; ++n) {
+      const RingSlot current(tile_count + n), next(tile_count + n + 1);
+      mbarrier_wait(k_full + 8 * next.stage, next.parity);
+      mbarrier_wait(v_full + 8 * current.stage, current.parity);
+      float s[kSB][4];
+      issue_s(s, next);
+      rescale_rows(acc, rescale);
+      issue_pv(current);
+      wgmma_wait<1>();  // S[n + 1] is done; P[n] V[n] may still run
+      fence_operands(s);
+      mbarrier_arrive(k_empty + 8 * next.stage);
+      if (Tiles::kOwnOutputBuffer && n + 2 == num_kv_tiles) release_q();
+      mask_tile<kCausal>(s, t, (n + 1) * kBlockN, row_token, quad_lane);
+      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbarrier_arrive(v_empty + 8 * current.stage);
+      pack_p(s);
+    }
+    if (num_kv_tiles > 0) {
+      const RingSlot last(tile_count + num_kv_tiles - 1);
+      mbarrier_wait(v_full + 8 * last.stage, last.parity);
+      rescale_rows(acc, rescale);
+      issue_pv(last);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbarrier_arrive(v_empty + 8 * last.stage);
+    } else if (Tiles::kOwnOutputBuffer) {
+      release_q();  // no key visible: Q was never read
+    }
+    tile_count += num_kv_tiles;
+
+    // Epilogue: each warpgroup stages its own 64 rows (swizzled, conflict-free) and writes
+    // them out; the barriers keep its threads from overwriting rows still being read.
+    // Its addresses are computed here from opaque copies: hoisted out of the item loop, they
+    // would be kept live through the main loop (and spilled).
+    uint32_t stage = sO;
+    int epilogue_tid = ctid;
+    asm volatile("" : "+r"(stage), "+r"(epilogue_tid));
+    const int epilogue_lane = epilogue_tid % 32;
+    normalize_rows<T>(p, t, w.kv_head, acc, row_max, row_sum, epilogue_tid / 32, epilogue_lane,
+                      [&](int row, int db, uint32_t pair) {
+                        const uint32_t addr = stage + swizzled_offset(row, db, kQHalfBytes) +
+                                              (epilogue_lane % 4) * 4;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pair)
+                                     : "memory");
+                      });
+    named_barrier_sync(1 + warpgroup, 128);
+    copy_rows_out<T, 64, 128>(p, t, w.kv_head, (epilogue_tid / 128) * 64, epilogue_tid % 128,
+                              [&](int row, int chunk) {
+                                uint4 v;
+                                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                             : "r"(stage + swizzled_offset(row, chunk,
+                                                                           kQHalfBytes))
+                                             : "memory");
+                                return v;
+                              });
+    named_barrier_sync(1 + warpgroup, 128);
+    if constexpr (!Tiles::kOwnOutputBuffer) release_q();
+  }
+#else
+  __trap();  // never launched: the host runs the portable kernel where this stub is loaded
+#endif
+}
+
+}  // namespace gqa_prefill

@@ -1,0 +1,204 @@
+// The portable kernel (FlashAttention-2 style: mma.sync, ldmatrix, cp.async; any sm_90 build)
+// and its K/V tile loader. Described in attention_kernel.cuh.
+#pragma once
+
+#include "epilogue.cuh"
+#include "kernel_config.cuh"
+#include "mask_softmax.cuh"
+#include "ptx_sm80.cuh"
+#include "tile_schedule.cuh"
+
+namespace gqa_prefill {
+
+// ---- Tile loads ---------------------------------------------------------------------------
+
+// Element offset of token `row` (>= 0) of a tensor whose tokens are `stride` elements apart:
+// one 32 x 32 -> 64-bit multiply.
+__device__ __forceinline__ uint64_t token_offset(int row, int stride) {
+  return uint64_t(uint32_t(row)) * uint32_t(stride);
+}
+
+// One thread's share of K and V tiles: 4 of a tile's 64 rows (row_in_tile + 16 i), one 16-byte
+// chunk of each. Rows at or past the sequence end are zero-filled without a global read (src
+// pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage. K and V
+// share one loader (one row index, one shared-memory address): the K/V loop runs at the
+// 128-register cap, and two loaders with runtime token strides made it spill.
+template <typename T>
+struct KvTileLoader {
+  const T* k_src;       // this thread's chunk of the sequence's k row row_in_tile
+  const T* v_src;       // ... and of its v row
+  uint32_t thread_dst;  // shared-memory byte address of the chunk in K's tile row row_in_tile
+  int row_in_tile;
+
+  static constexpr int kRowsPerPass = kNumThreads / kChunksPerRow;
+
+  __device__ __forceinline__ KvTileLoader(const Params& p, int seq_start, int kv_head,
+                                          const T* k_tile, int tid) {
+    row_in_tile = tid / kChunksPerRow;
+    const int column = kv_head * kHeadDim + tid % kChunksPerRow * 8;
+    k_src = static_cast<const T*>(p.k) + token_offset(seq_start + row_in_tile, p.k_stride) + column;
+    v_src = static_cast<const T*>(p.v) + token_offset(seq_start + row_in_tile, p.v_stride) + column;
+    thread_dst = smem_addr(k_tile + row_in_tile * kSmemStride + column % kHeadDim);
+  }
+
+  // Loads keys [key0, key0 + 64) of a sequence of seq_len keys from src (k_src or v_src; tokens
+  // token_stride elements apart; tensor: its first row) into the tile tile_offset bytes past K's.
+  __device__ __forceinline__ void load(const T* src, const void* tensor, int token_stride,
+                                       uint32_t tile_offset, int key0, int seq_len) const {
+#pragma unroll
+    for (int i = 0; i < kBlockN / kRowsPerPass; ++i) {
+      const int key = key0 + i * kRowsPerPass;
+      const bool valid = key + row_in_tile < seq_len;
+      cp_async_16(thread_dst + tile_offset + i * kRowsPerPass * kSmemStride * 2,
+                  valid ? static_cast<const void*>(src + token_offset(key, token_stride)) : tensor,
+                  valid ? 16 : 0);
+    }
+  }
+};
+
+// ---- The portable kernel (mma.sync) -------------------------------------------------------
+
+template <typename T, bool kCausal, bool kRagged>
+__global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Params p) {
+  using Ops = ElementOps<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kBlockM * kSmemStride;
+  T* sV = sK + kBlockN * kSmemStride;
+
+  const int kv_head = blockIdx.x % kNumKvHeads;
+  const int slot = blockIdx.x / kNumKvHeads;
+  const int tid = threadIdx.x;
+  bool batch_ok = true;
+  if constexpr (kRagged) {
+    batch_ok = __syncthreads_and(batch_part_ok(p, tid, kNumThreads));
+    if (!batch_ok) poison_slab<T, kNumThreads>(p, slot, kv_head, tid);
+  }
+  TileCoords t;
+  if (!locate_tile<kCausal, kRagged>(p, slot, batch_ok, t)) return;
+  const int num_kv_tiles = (t.kv_len + kBlockN - 1) / kBlockN;
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int group = lane / 4;      // mma row within the 8-row half
+  const int quad_lane = lane % 4;  // mma column pair
+
+  // Row r of the tile is token tok0 + r / 4, head 4 * kv_head + r % 4: consecutive rows are
+  // consecutive 128-element rows of q / out (stride 128 elements), tokens q_stride apart.
+  const T* q_tile = static_cast<const T*>(p.q) + token_offset(t.q_row0, p.q_stride) +
+                    kv_head * kGroupSize * kHeadDim;
+
+  // Rows of the tile are (token, head) with head fastest, so they are rows of q with the
+  // 4 heads' stride kHeadDim, except that a token advances 32 heads: load row by row.
+  {
+    static_assert((kBlockM * kChunksPerRow) % kNumThreads == 0, "whole chunks per thread");
+    const int chunk = tid % kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < kBlockM * kChunksPerRow / kNumThreads; ++i) {
+      const int row = tid / kChunksPerRow + i * (kNumThreads / kChunksPerRow);
+      const int token = row / kGroupSize;
+      const bool valid = token < t.tile_tokens;
+      const T* src = q_tile +
+                     (valid ? token_offset(token, p.q_stride) + row % kGroupSize * kHeadDim : 0) +
+                     chunk * 8;
+      cp_async_16(smem_addr(sQ + row * kSmemStride + chunk * 8), src, valid ? 16 : 0);
+    }
+  }
+  const KvTileLoader<T> kv_loader(p, t.kv_start, kv_head, sK, tid);
+  constexpr uint32_t kVTileOffset = kBlockN * kSmemStride * 2;  // sV - sK, bytes
+  if (num_kv_tiles > 0) kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, 0, t.seq_kv);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Per-lane ldmatrix offsets (elements). A (Q): lanes 0-15 rows 0-15 at column 0, lanes
+  // 16-31 the same rows at column 8. B (K, non-transposed): matrices (keys 0-7, d 0-7),
+  // (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15). B (V, transposed):
+  // matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+  const uint32_t q_lane = smem_addr(sQ + (warp * 16 + lane % 16) * kSmemStride + (lane / 16) * 8);
+  const uint32_t k_lane =
+      smem_addr(sK + (lane % 8 + (lane / 16) * 8) * kSmemStride + ((lane / 8) % 2) * 8);
+  const uint32_t v_lane =
+      smem_addr(sV + (lane % 8 + ((lane / 8) % 2) * 8) * kSmemStride + (lane / 16) * 8);
+  constexpr uint32_t kRowBytes = kSmemStride * 2;
+
+  float acc[kHeadDim / 8][4];  // O: 16 rows x 128, as 16 n8 blocks
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  }
+  // Running max (base-2 scaled logits) and this lane's partial row sum, for rows group and
+  // group + 8 of the warp's block; the row sums are reduced across the quad only at the end.
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
+
+#pragma unroll 1
+  for (int n = 0; n < num_kv_tiles; ++n) {
+    const int key0 = n * kBlockN;
+    if (n > 0) {
+      cp_async_wait_all();  // K[n] has landed ...
+      __syncthreads();      // ... for all threads, and every warp is done reading V[n - 1]
+    }
+    kv_loader.load(kv_loader.v_src, p.v, p.v_stride, kVTileOffset, key0, t.seq_kv);
+    cp_async_commit();
+
+    // S = Q K^T: 16 rows x 64 keys per warp.
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[i][j] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      // Q fragments are re-read from shared memory (one ldmatrix per 4 of K): holding all
+      // of them in registers would cost 32 registers and spill at 2 CTAs per SM.
+      uint32_t q_frag[4];
+      ldmatrix_x4(q_frag, q_lane + ks * 16 * 2);
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_lane + np * 16 * kRowBytes + ks * 16 * 2);
+        Ops::mma(s[2 * np], q_frag, b[0], b[1]);
+        Ops::mma(s[2 * np + 1], q_frag, b[2], b[3]);
+      }
+    }
+
+    scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane);
+    float rescale[2];
+    softmax_tile(s, row_max, row_sum, rescale, 1.f);
+    rescale_rows(acc, rescale);
+
+    cp_async_wait_all();  // V[n] has landed ...
+    __syncthreads();      // ... for all threads, and every warp is done reading K[n]
+    if (n + 1 < num_kv_tiles) {
+      kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, key0 + kBlockN, t.seq_kv);
+      cp_async_commit();
+    }
+
+    // O += P V: P's accumulator layout (two n8 blocks) is the A fragment of one k16 step.
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t a[4];
+      a[0] = Ops::pack(s[2 * ks][0], s[2 * ks][1]);
+      a[1] = Ops::pack(s[2 * ks][2], s[2 * ks][3]);
+      a[2] = Ops::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      a[3] = Ops::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_lane + ks * 16 * kRowBytes + dp * 16 * 2);
+        Ops::mma(acc[2 * dp], a, b[0], b[1]);
+        Ops::mma(acc[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Epilogue: stage each warp's 16 rows in its own rows of sQ (only this warp ever reads
+  // them, and it is past its last read).
+  write_output<T>(p, t, kv_head, acc, row_max, row_sum, sQ, warp, lane);
+}
+
+}  // namespace gqa_prefill

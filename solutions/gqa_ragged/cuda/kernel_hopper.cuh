@@ -75,16 +75,7 @@ struct HopperTiles {
   static constexpr int kProducerRegisters = kCausal ? 32 : 24;
   static constexpr int kConsumerRegisters = kCausal ? 232 : 240;
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 64 * 1024, "registers");
-  // Byte offsets from the 1024-aligned base.
-  static constexpr uint32_t kQ = 0;
-  static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
-  static constexpr uint32_t kV = kK + kKvStages * kKvTileBytes;
-  static constexpr uint32_t kO = kOwnOutputBuffer ? kV + kKvStages * kKvTileBytes : kQ;
-  static constexpr uint32_t kBarriers = kV + kKvStages * kKvTileBytes +
-                                        (kOwnOutputBuffer ? kQTileBytes : 0);
-  static constexpr uint32_t kSmemBytes = kBarriers + 256 + 1024;  // barriers, items, alignment
   static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
 };
 
 // The kernel's parameters beyond Params: TMA descriptors (by value, __grid_constant__) and
@@ -103,6 +94,35 @@ struct WorkItem {
   TileCoords t;
   int kv_head;
   int valid;  // 0: no more work, the consumers exit
+};
+
+// The Hopper kernel's dynamic shared memory, the one source of its layout: byte offsets from
+// the 1024-byte aligned base (the kernel's `base`; kBytes includes the alignment slack).
+//   Q tile | K ring (kKvStages tiles) | V ring | O staging (causal only; else O reuses Q) |
+//   mbarriers (128 bytes, 8 each) | work-item slots (128 bytes)
+// mbarriers: full = data landed (1 arrival + TMA bytes, or the producer's item), empty = the
+// 256 consumer threads are done with it. Ring stage s / item slot i: the barrier + 8 * s (i).
+template <bool kCausal>
+struct HopperSmem {
+  using Tiles = HopperTiles<kCausal>;
+  static constexpr int kItemSlots = 2;  // work items in flight from the producer
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
+  static constexpr uint32_t kV = kK + kKvStages * Tiles::kKvTileBytes;
+  static constexpr uint32_t kO = Tiles::kOwnOutputBuffer ? kV + kKvStages * Tiles::kKvTileBytes
+                                                         : kQ;
+  static constexpr uint32_t kBarriers = kV + kKvStages * Tiles::kKvTileBytes +
+                                        (Tiles::kOwnOutputBuffer ? kQTileBytes : 0);
+  static constexpr uint32_t kQFull = kBarriers, kQEmpty = kQFull + 8;
+  static constexpr uint32_t kKFull = kQEmpty + 8, kKEmpty = kKFull + 8 * kKvStages;
+  static constexpr uint32_t kVFull = kKEmpty + 8 * kKvStages, kVEmpty = kVFull + 8 * kKvStages;
+  static constexpr uint32_t kItemFull = kVEmpty + 8 * kKvStages;
+  static constexpr uint32_t kItemEmpty = kItemFull + 8 * kItemSlots;
+  static constexpr uint32_t kItems = kBarriers + 128;  // WorkItem[kItemSlots]
+  static constexpr uint32_t kBytes = kItems + 128 + 1024;  // + slack for the 1024 alignment
+  static_assert(kItemEmpty + 8 * kItemSlots <= kItems, "the barriers end before the item slots");
+  static_assert(kItemSlots * sizeof(WorkItem) <= 128, "the item slots fit");
+  static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -143,25 +163,24 @@ template <typename T, bool kCausal, bool kRagged>
 __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tiles = HopperTiles<kCausal>;
+  using Smem = HopperSmem<kCausal>;
   constexpr int kBlockN = Tiles::kBlockN;
   const Params& p = hp.p;
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   // 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes).
   const uint32_t raw_base = smem_addr(wgmma_smem);
   const uint32_t base = (raw_base + 1023) & ~1023u;
-  const uint32_t sQ = base + Tiles::kQ;
-  const uint32_t sK = base + Tiles::kK;
-  const uint32_t sV = base + Tiles::kV;
-  const uint32_t sO = base + Tiles::kO;
+  const uint32_t sQ = base + Smem::kQ;
+  const uint32_t sK = base + Smem::kK;
+  const uint32_t sV = base + Smem::kV;
+  const uint32_t sO = base + Smem::kO;
   // mbarriers (8 bytes each): full = data landed, empty = the consumers are done with it.
-  const uint32_t bars = base + Tiles::kBarriers;
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  const uint32_t k_full = bars + 16, k_empty = k_full + 8 * kKvStages;  // + 8 * stage
-  const uint32_t v_full = k_empty + 8 * kKvStages, v_empty = v_full + 8 * kKvStages;
-  const uint32_t item_full = v_empty + 8 * kKvStages, item_empty = item_full + 16;  // + 8 * slot
-  static_assert(16 + 4 * 8 * kKvStages + 32 <= 128, "the barriers end before the item slots");
-  WorkItem* items =
-      reinterpret_cast<WorkItem*>(wgmma_smem + (bars - raw_base) + 128);  // 2 slots
+  const uint32_t q_full = base + Smem::kQFull, q_empty = base + Smem::kQEmpty;
+  const uint32_t k_full = base + Smem::kKFull, k_empty = base + Smem::kKEmpty;  // + 8 * stage
+  const uint32_t v_full = base + Smem::kVFull, v_empty = base + Smem::kVEmpty;
+  const uint32_t item_full = base + Smem::kItemFull;  // + 8 * slot
+  const uint32_t item_empty = base + Smem::kItemEmpty;
+  WorkItem* items = reinterpret_cast<WorkItem*>(wgmma_smem + (base - raw_base) + Smem::kItems);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -173,7 +192,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       mbarrier_init(v_full + 8 * s, 1);
       mbarrier_init(v_empty + 8 * s, kConsumerThreads);
     }
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < Smem::kItemSlots; ++slot) {
       mbarrier_init(item_full + 8 * slot, 1);
       mbarrier_init(item_empty + 8 * slot, kConsumerThreads);
     }

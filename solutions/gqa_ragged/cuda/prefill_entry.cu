@@ -521,7 +521,7 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
             const DLDevice& device) {
   auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
   auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
-  constexpr size_t kHopperSmem = HopperTiles<kCausal>::kSmemBytes;
+  constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
   enum Path : uint8_t { kUnknown, kPortable, kHopper };
   static Path chosen[64] = {};
   const bool cacheable = device.device_id >= 0 && device.device_id < 64;

@@ -16,17 +16,20 @@ constexpr int kGroupSize = kNumHeads / kNumKvHeads;  // query head h reads KV he
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;                      // rows per CTA (token, head) pairs
 constexpr int kTokensPerTile = kBlockM / kGroupSize;  // 32 query tokens per CTA
-constexpr int kBlockN = 64;                       // keys per K/V tile
+// Keys per K/V tile of the portable kernel (the Hopper kernel's are HopperTiles<kCausal>::kBlockN).
+constexpr int kPortableBlockN = 64;
 constexpr int kNumWarps = 8;                      // 16 rows each
 constexpr int kNumThreads = kNumWarps * 32;
 // Shared-memory rows padded by 8 elements (16 bytes): the 8 row addresses of an ldmatrix
 // phase then fall on distinct banks.
 constexpr int kSmemStride = kHeadDim + 8;
 constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16-byte chunks per 128-element row
-constexpr size_t kSmemBytes = size_t(kBlockM + 2 * kBlockN) * kSmemStride * 2;  // Q, K, V
+// The portable kernel's dynamic shared memory: Q, K, V (the Hopper kernel's: HopperSmem).
+constexpr size_t kPortableSmemBytes = size_t(kBlockM + 2 * kPortableBlockN) * kSmemStride * 2;
 
 static_assert(kBlockM == kNumWarps * 16, "each warp owns one m16 row block");
-static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "fragment loops assume multiples of 16");
+static_assert(kHeadDim % 16 == 0 && kPortableBlockN % 16 == 0,
+              "fragment loops assume multiples of 16");
 
 struct Params {
   const void* q;  // [tokens, 32, 128], tokens q_stride elements apart

@@ -46,7 +46,7 @@ struct KvTileLoader {
   __device__ __forceinline__ void load(const T* src, const void* tensor, int token_stride,
                                        uint32_t tile_offset, int key0, int seq_len) const {
 #pragma unroll
-    for (int i = 0; i < kBlockN / kRowsPerPass; ++i) {
+    for (int i = 0; i < kPortableBlockN / kRowsPerPass; ++i) {
       const int key = key0 + i * kRowsPerPass;
       const bool valid = key + row_in_tile < seq_len;
       cp_async_16(thread_dst + tile_offset + i * kRowsPerPass * kSmemStride * 2,
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kBlockM * kSmemStride;
-  T* sV = sK + kBlockN * kSmemStride;
+  T* sV = sK + kPortableBlockN * kSmemStride;
 
   const int kv_head = blockIdx.x % kNumKvHeads;
   const int slot = blockIdx.x / kNumKvHeads;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
   }
   TileCoords t;
   if (!locate_tile<kCausal, kRagged>(p, slot, batch_ok, t)) return;
-  const int num_kv_tiles = (t.kv_len + kBlockN - 1) / kBlockN;
+  const int num_kv_tiles = (t.kv_len + kPortableBlockN - 1) / kPortableBlockN;
 
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     }
   }
   const KvTileLoader<T> kv_loader(p, t.kv_start, kv_head, sK, tid);
-  constexpr uint32_t kVTileOffset = kBlockN * kSmemStride * 2;  // sV - sK, bytes
+  constexpr uint32_t kVTileOffset = kPortableBlockN * kSmemStride * 2;  // sV - sK, bytes
   if (num_kv_tiles > 0) kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, 0, t.seq_kv);
   cp_async_commit();
   cp_async_wait_all();
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
 
 #pragma unroll 1
   for (int n = 0; n < num_kv_tiles; ++n) {
-    const int key0 = n * kBlockN;
+    const int key0 = n * kPortableBlockN;
     if (n > 0) {
       cp_async_wait_all();  // K[n] has landed ...
       __syncthreads();      // ... for all threads, and every warp is done reading V[n - 1]
@@ -145,9 +145,9 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     cp_async_commit();
 
     // S = Q K^T: 16 rows x 64 keys per warp.
-    float s[kBlockN / 8][4];
+    float s[kPortableBlockN / 8][4];
 #pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) {
+    for (int i = 0; i < kPortableBlockN / 8; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[i][j] = 0.f;
     }
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
       uint32_t q_frag[4];
       ldmatrix_x4(q_frag, q_lane + ks * 16 * 2);
 #pragma unroll
-      for (int np = 0; np < kBlockN / 16; ++np) {
+      for (int np = 0; np < kPortableBlockN / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, k_lane + np * 16 * kRowBytes + ks * 16 * 2);
         Ops::mma(s[2 * np], q_frag, b[0], b[1]);
@@ -174,13 +174,13 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     cp_async_wait_all();  // V[n] has landed ...
     __syncthreads();      // ... for all threads, and every warp is done reading K[n]
     if (n + 1 < num_kv_tiles) {
-      kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, key0 + kBlockN, t.seq_kv);
+      kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, key0 + kPortableBlockN, t.seq_kv);
       cp_async_commit();
     }
 
     // O += P V: P's accumulator layout (two n8 blocks) is the A fragment of one k16 step.
 #pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    for (int ks = 0; ks < kPortableBlockN / 16; ++ks) {
       uint32_t a[4];
       a[0] = Ops::pack(s[2 * ks][0], s[2 * ks][1]);
       a[1] = Ops::pack(s[2 * ks][2], s[2 * ks][3]);

@@ -536,7 +536,7 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
         cudaGetLastError();  // not loadable here: clear the error, run the portable kernel
       }
     }
-    allow_smem(portable, kSmemBytes);
+    allow_smem(portable, kPortableSmemBytes);
     if (path == kHopper) allow_smem(hopper, kHopperSmem);
     if (cacheable) chosen[device.device_id] = path;
   }
@@ -566,7 +566,7 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
     }
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
   } else {
-    portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kSmemBytes, stream>>>(params);
+    portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

@@ -1,6 +1,7 @@
 """On the GPU: time TileLang tile configs and pipeline schedules against FlashInfer on the big
 padded shapes, each checked against FlashInfer's output first. Interleaves the variants (A B A B)
-because the card heats up within a call. Writes nothing; prints a table.
+because the card heats up within a call. Writes nothing; prints a table (past results:
+solutions/gqa_ragged/tilelang/TUNING.md).
 
     python scripts/tune_tilelang.py
 """
@@ -18,9 +19,9 @@ from prefill_bundle.testing import PaddedCase, build_solution, make_inputs
 CONFIGS = [
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
     # defaults (block_config) are cfg0 for causal and cfg1 for non-causal
-    dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True, persistent=True),
-    dict(block_M=128, block_N=176, num_stages=2, threads=384, ws=True),
-    dict(block_M=128, block_N=128, num_stages=2, threads=384, ws=True),
+    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True),
+    dict(block_M=128, block_N=176, num_stages=2, ws=True),
+    dict(block_M=128, block_N=128, num_stages=2, ws=True),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

@@ -147,20 +147,37 @@ _STRIDED = "T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1]
 _CONTIGUOUS = "T.Tensor([rows, heads, HEAD_DIM], dtype)"
 
 
+# The kernel's modules (gqa_prefill_kernel.py imports the others relatively).
+KERNEL_FILES = (
+    "gqa_prefill_kernel.py",
+    "gqa_prefill_steps.py",
+    "gqa_prefill_ws.py",
+    "gqa_prefill_pipelined.py",
+)
+
+
 def rewritten_kernel_module(folder, name: str, replacements: list):
-    """gqa_prefill_kernel.py with its source text rewritten (each pattern must occur)."""
-    source = importlib.util.find_spec(kernel_module().__name__).origin
-    text = open(source).read()
+    """gqa_prefill_kernel.py and its sibling modules with their source text rewritten (each
+    pattern must occur in one of them), as package `name`; returns its gqa_prefill_kernel."""
+    source = os.path.dirname(importlib.util.find_spec(kernel_module().__name__).origin)
+    texts = {f: open(os.path.join(source, f)).read() for f in KERNEL_FILES}
     for pattern, replacement in replacements:
-        assert pattern in text, f"the kernel no longer contains {pattern!r}"
-        text = text.replace(pattern, replacement)
-    # TileLang parses the kernel's source text: the module must live in a real file.
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        assert any(pattern in text for text in texts.values()), (
+            f"the kernel no longer contains {pattern!r}"
+        )
+        texts = {f: text.replace(pattern, replacement) for f, text in texts.items()}
+    # TileLang parses the kernel's source text: the modules must live in real files.
+    package = folder / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for f, text in texts.items():
+        (package / f).write_text(text)
+    spec = importlib.util.spec_from_file_location(
+        name, package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(f"{name}.gqa_prefill_kernel")
 
 
 def test_token_stride_changes_no_device_code(tmp_path):
@@ -225,8 +242,8 @@ def _launcher(kernel):
 # (block_M != block_N both ways).
 CPU_CONFIGS = {
     "solution_tiles": None,
-    "tiles16x32": dict(block_M=16, block_N=32, num_stages=2, threads=128),
-    "tiles32x16": dict(block_M=32, block_N=16, num_stages=2, threads=128),
+    "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
+    "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
 }
 
 
@@ -237,7 +254,7 @@ def cpu_form_of(config: dict) -> dict:
     GPU matrix (tests/test_solutions.py -k tilelang)."""
     config = dict(config)
     if config.pop("ws", False):
-        config.update(threads=256, overlap=True)
+        config.update(overlap=True)
     config.pop("pingpong", None)
     config.pop("persistent", None)
     return config

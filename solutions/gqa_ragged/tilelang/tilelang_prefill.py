@@ -34,7 +34,7 @@ from .arguments import (
 from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, compile_variant
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_kernels = {}  # (dtype, causal) -> compiled kernel
+_kernels = {}  # (dtype, causal, SM count) -> compiled kernel
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
@@ -56,7 +56,8 @@ def _scheduler(device: int):
 
 
 def _kernel(dtype: torch.dtype, causal: bool, device: int):
-    kernel = _kernels.get((dtype, causal))
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    kernel = _kernels.get((dtype, causal, num_sms))
     if kernel is None:
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):
@@ -64,7 +65,9 @@ def _kernel(dtype: torch.dtype, causal: bool, device: int):
                 f"the TileLang kernels are built for sm_90a (H100/H200); cuda:{device} is "
                 f"sm_{capability[0]}{capability[1]}"
             )
-        kernel = _kernels[(dtype, causal)] = compile_variant(_DTYPES[dtype], causal)
+        # The persistent grid takes one block per SM of the device.
+        kernel = compile_variant(_DTYPES[dtype], causal, num_sms=num_sms)
+        _kernels[(dtype, causal, num_sms)] = kernel
     return kernel
 
 

@@ -1,0 +1,126 @@
+"""The pipelined TileLang program (T.Pipelined, cp.async loads): the CPU tests' stand-in for the
+warp-specialized program, from the same steps, and a point of comparison on the GPU (TUNING.md).
+"""
+
+import tilelang.language as T
+
+from .gqa_prefill_steps import (
+    GROUP_SIZE,
+    HEAD,
+    HEAD_DIM,
+    KV_START,
+    LOG2_E,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    Q_START,
+    Q_TILE,
+    SEQ_KV,
+    SEQ_Q,
+    TILE_FIELDS,
+    token_rows,
+)
+
+
+def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
+    """One block per work item. overlap declares FA3's schedule for the loop body instead of
+    leaving it to TileLang (see gqa_prefill)."""
+    dtype, block_M, block_N = steps.dtype, steps.block_M, steps.block_N
+    total_q, total_kv, len_indptr = steps.total_q, steps.total_kv, steps.len_indptr
+    q_stride, k_stride, v_stride = steps.q_stride, steps.k_stride, steps.v_stride
+    num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
+    slot_of, Locate, CheckBatch, CheckTile, Poison = (
+        steps.slot_of, steps.Locate, steps.CheckBatch, steps.CheckTile, steps.Poison
+    )  # fmt: skip
+    bounds, MMA0, Softmax, Rescale, MMA1, Epilogue = (
+        steps.bounds, steps.MMA0, steps.Softmax, steps.Rescale, steps.MMA1, steps.Epilogue
+    )  # fmt: skip
+
+    @T.prim_func
+    def main(
+        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
+        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
+        qo_indptr: T.Tensor([len_indptr], T.int32),
+        kv_indptr: T.Tensor([len_indptr], T.int32),
+        kv_rows: T.int32,
+        sm_scale: T.float32,
+        Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+        LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+        Scheduler: T.Tensor([2], T.int32),
+    ):
+        # One flat grid axis (no 65535 limit), heads fastest: the 32 heads of a query tile run
+        # side by side, 4 of them on each KV tile they load (L2).
+        with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
+            Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
+            K_shared = T.alloc_shared([block_N, HEAD_DIM], dtype)
+            V_shared = T.alloc_shared([block_N, HEAD_DIM], dtype)
+            O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
+            acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
+            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
+            acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
+            scores_max = T.alloc_fragment([block_M], accum_dtype)
+            scores_max_prev = T.alloc_fragment([block_M], accum_dtype)
+            max_scaled = T.alloc_fragment([block_M], accum_dtype)
+            scores_scale = T.alloc_fragment([block_M], accum_dtype)
+            scores_sum = T.alloc_fragment([block_M], accum_dtype)
+            logsum = T.alloc_fragment([block_M], accum_dtype)
+            lse = T.alloc_fragment([block_M], accum_dtype)
+            stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
+
+            seq = T.alloc_local([1], T.int32)
+            tile = T.alloc_local([TILE_FIELDS], T.int32)
+            ok = T.alloc_local([1], T.int32)
+            batch_ok = T.alloc_local([1], T.int32)
+            indptr = (qo_indptr, kv_indptr, kv_rows)
+            # Every thread runs the malformed-batch tests whole (this program is the CPU tests'
+            # stand-in; gqa_prefill_ws shares them out).
+            CheckBatch(indptr, 0, 1, batch_ok)
+            Locate(block, qo_indptr, kv_indptr, seq, tile)
+            if batch_ok[0] == 0:
+                CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
+                if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
+                    tile[SEQ_Q] = 0
+                    tile[Q_TILE] = 0
+                Poison(indptr, Output, LSE, slot_of(block), tile[HEAD], 0, 1, seq, ok)
+            q_start, seq_q, kv_start, seq_kv, q_tile, head = (
+                tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[SEQ_KV], tile[Q_TILE], tile[HEAD]
+            )  # fmt: skip
+            kv_head = head // GROUP_SIZE
+            scale_log2 = sm_scale * LOG2_E
+            # The pipeline waits for the Q load only inside the loop, and a block must not exit
+            # while a TMA load into its shared memory is in flight: at least one iteration.
+            q_pos0, full_end, loop_range = bounds(tile)
+
+            T.fill(acc_o, 0)
+            T.fill(logsum, 0)
+            T.fill(scores_max, neg_inf)
+            T.fill(max_scaled, 0)
+            # A slot past the sequence's last tile (one per sequence at most) loads nothing.
+            if q_tile < seq_q:
+                T.copy(Q[q_start + q_tile : q_start + q_tile + block_M, head, :], Q_shared)
+                # One entry per statement of the body: K copy, Q K^T, mask, softmax (8),
+                # rescale, V copy, P V. Emitted as: K and V copies, Q K^T and mask of tile k,
+                # rescale and P V of tile k - 1, softmax of tile k.
+                schedule = (
+                    dict(
+                        order=[0, 2, 3, *range(6, 14), 4, 1, 5],
+                        stage=[0, 0, 0, *[0] * 8, 1, 0, 1],
+                    )
+                    if overlap
+                    else dict(num_stages=num_stages)
+                )
+                for k in T.Pipelined(loop_range, **schedule):
+                    MMA0(
+                        K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0
+                    )
+                    Softmax(acc_s, *stats, scale_log2)
+                    T.copy(acc_s, acc_s_cast)
+                    Rescale(acc_o, scores_scale)
+                    MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head)
+
+            Epilogue(
+                acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start,
+                q_tile, seq_q, head,
+            )  # fmt: skip
+
+    return main

@@ -1,0 +1,291 @@
+"""The steps every TileLang GQA prefill program shares, built once per variant (build_steps).
+
+Work split: work items are (query head, query tile of one sequence). The tiles of all sequences
+are laid out on one axis without a host sync: sequence s owns the slots
+[s + qo_indptr[s] // block_M, s + 1 + qo_indptr[s + 1] // block_M), at least
+ceil(seq_q / block_M) of them and at most one more, so there are batch + total_q // block_M
+slots and an item finds its sequence by a binary search over qo_indptr. A padding grid
+(cdiv(total_q, block_M) tiles x batch) would instead launch batch times too many blocks, each
+holding a full block's shared memory just to exit.
+
+Malformed batches: the indptr values are read on the GPU only. The batch is valid when both
+arrays run non-decreasing from 0 to their row counts (total_q, kv_rows); every block tests that
+once, and in a valid batch nothing else changes. Otherwise sequence s is well-formed when, in
+both arrays, 0 <= a[s] <= a[s + 1] <= rows, no earlier entry exceeds a[s] and no later one is
+below a[s + 1]: its rows are computed as usual (the search still finds its slots, and no two
+well-formed sequences share a row), no other tile computes anything, and each item also writes
+NaN into the rows of its slot's row range [slot * block_M, (slot + 1) * block_M) that no
+well-formed sequence covers, output and lse of its head. The slots' ranges cover every row, and
+nothing reads or writes outside the tensors (TMA loads are bounded, stores fall in well-formed
+sequences' rows or in [0, total_q)).
+"""
+
+import math
+from types import SimpleNamespace
+
+import tilelang.language as T
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS  # query head h reads KV head h // GROUP_SIZE
+LOG2_E = 1.0 / math.log(2.0)
+MAX_BATCH_BITS = 31  # binary search depth: any int32 batch size (idle steps cost a compare)
+
+# A work item is a local int32 array `tile`; Locate fills its first TILE_FIELDS entries.
+Q_START = 0  # the sequence's first query row
+SEQ_Q = 1  # its query rows
+KV_START = 2  # its first key row
+SEQ_KV = 3  # its key rows
+Q_TILE = 4  # the tile's first query row, relative to Q_START
+HEAD = 5  # the query head
+TILE_FIELDS = 6
+# The warp-specialized program hands items on with two more entries (ITEM_FIELDS in all):
+HAS_ITEM = 6  # 1: an item, 0: the block is done
+POISON_SLOT = 7  # in a malformed batch the slot whose rows the item poisons, else -1
+ITEM_FIELDS = 8
+
+
+def token_rows(rows, heads, token_stride, dtype):
+    """[rows, heads, 128] with any token stride, heads dense: q, k and v may be slices of a fused
+    QKV projection. The kernels read them through TMA descriptors, which take the stride from
+    the tensor on each call, so a contiguous tensor gets the same device code."""
+    return T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1], dtype)
+
+
+def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleNamespace:
+    """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
+    plain helpers) its programs are written in; see gqa_prefill_kernel.gqa_prefill for the
+    arguments. Each program unpacks what it uses under the same names.
+    """
+    total_q = T.dynamic("total_q")
+    total_kv = T.dynamic("total_kv")
+    len_indptr = T.dynamic("len_indptr")
+    q_stride, k_stride, v_stride = (T.dynamic(f"{x}_stride") for x in "qkv")  # in elements
+    batch = len_indptr - 1
+    num_slots = batch + total_q // block_M
+    accum_dtype = T.float32
+    neg_inf = -T.infinity(accum_dtype)
+    nan = T.float32(math.nan)
+
+    def slot_of(item):
+        """The slot of work item `item`: the last slots (under causal the heaviest tiles) first,
+        the 32 heads of a slot side by side (4 of them on each KV tile they load: L2)."""
+        return num_slots - 1 - item // NUM_HEADS
+
+    @T.macro
+    def Search(first, target, seq):
+        """seq[0] = the last s in [0, batch) with first(s) <= target (0 if none): a binary
+        search that also steers right around a well-formed sequence of a malformed batch."""
+        seq[0] = 0
+        for bit in T.unroll(MAX_BATCH_BITS):
+            probe = seq[0] + (1 << (MAX_BATCH_BITS - 1 - bit))
+            if probe < batch:
+                if first(probe) <= target:
+                    seq[0] = probe
+
+    @T.macro
+    def Find(slot, qo_indptr, seq):
+        """seq[0] = the sequence that owns slot `slot`."""
+        Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
+
+    @T.macro
+    def Locate(item, qo_indptr, kv_indptr, seq, tile):
+        """tile[Q_START:TILE_FIELDS] = the fields of work item `item` (Q_START ...).
+        seq: scratch for the search over indptr."""
+        slot = slot_of(item)
+        Find(slot, qo_indptr, seq)
+        tile[Q_START] = qo_indptr[seq[0]]
+        tile[SEQ_Q] = qo_indptr[seq[0] + 1] - tile[Q_START]
+        tile[KV_START] = kv_indptr[seq[0]]
+        tile[SEQ_KV] = kv_indptr[seq[0] + 1] - tile[KV_START]
+        # the tile's first query row
+        tile[Q_TILE] = (slot - seq[0] - tile[Q_START] // block_M) * block_M
+        tile[HEAD] = item % NUM_HEADS
+
+    # Malformed batches (indptr values that are not a partition: see the module docstring).
+    # indptr = (qo_indptr, kv_indptr, kv_rows); each Check gives one lane's share of a test in
+    # ok[0] (the lanes AND them together). Lane `lane` of `lanes` takes the indices i = lane
+    # (mod lanes): T.serial(lane, stop, lanes) would do, but TileLang drops its bound when the
+    # trip count can only be 0 or 1.
+
+    @T.macro
+    def CheckBatch(indptr, lane, lanes, ok):
+        """Whether the batch is valid: both arrays non-decreasing, from 0 to total_q and
+        kv_rows."""
+        qo_indptr, kv_indptr, kv_rows = indptr
+        ok[0] = T.if_then_else(
+            (qo_indptr[0] == 0) & (qo_indptr[batch] == total_q) & (kv_indptr[0] == 0)
+            & (kv_indptr[batch] == kv_rows), 1, 0,
+        )  # fmt: skip
+        for k in T.serial(T.ceildiv(batch, lanes)):
+            i = k * lanes + lane
+            if i < batch:
+                if (qo_indptr[i] > qo_indptr[i + 1]) | (kv_indptr[i] > kv_indptr[i + 1]):
+                    ok[0] = 0
+
+    @T.macro
+    def CheckSequence(indptr, s, lane, lanes, ok):
+        """Whether sequence s is well-formed: in both arrays its range lies in [0, rows] and
+        runs forward, no earlier entry exceeds its start and no later entry is below its end."""
+        qo_indptr, kv_indptr, kv_rows = indptr
+        ok[0] = T.if_then_else(
+            (0 <= qo_indptr[s]) & (qo_indptr[s] <= qo_indptr[s + 1])
+            & (qo_indptr[s + 1] <= total_q) & (0 <= kv_indptr[s])
+            & (kv_indptr[s] <= kv_indptr[s + 1]) & (kv_indptr[s + 1] <= kv_rows), 1, 0,
+        )  # fmt: skip
+        for k in T.serial(T.ceildiv(batch + 1, lanes)):
+            i = k * lanes + lane
+            if i <= batch:
+                early = (i < s) & ((qo_indptr[i] > qo_indptr[s]) | (kv_indptr[i] > kv_indptr[s]))
+                late = (i > s + 1) & (
+                    (qo_indptr[i] < qo_indptr[s + 1]) | (kv_indptr[i] < kv_indptr[s + 1])
+                )
+                if early | late:
+                    ok[0] = 0
+
+    @T.macro
+    def CheckTile(slot, indptr, seq, lane, lanes, ok, all_lanes):
+        """In a malformed batch only: ok[0] = whether the tile of slot `slot` is computed, that is
+        the sequence Locate finds for the slot is well-formed and owns it (a sequence 0 that
+        starts past row block_M is also the search's answer for the slots before it); all_lanes
+        ANDs the lanes' shares. seq: scratch."""
+        Find(slot, indptr[0], seq)
+        CheckSequence(indptr, seq[0], lane, lanes, ok)
+        first_slot = seq[0] + indptr[0][seq[0]] // block_M
+        ok[0] = T.if_then_else((all_lanes(ok[0]) != 0) & (slot >= first_slot), 1, 0)
+
+    @T.macro
+    def Poison(indptr, Output, LSE, slot, head, lane, lanes, seq, ok):
+        """NaN into the rows [slot * block_M, (slot + 1) * block_M) of `head` that no
+        well-formed sequence covers (this lane's share of the rows). The slots' rows cover
+        [0, total_q), and a well-formed sequence's rows are written by its own tiles alone."""
+        qo_indptr = indptr[0]
+        for k in T.serial(T.ceildiv(block_M, lanes)):
+            row = slot * block_M + k * lanes + lane
+            if (k * lanes + lane < block_M) & (row < total_q):
+                # The last t with qo_indptr[t] <= row: the sequence that covers the row if a
+                # well-formed one does (it steers the search as in Locate).
+                Search(lambda t: qo_indptr[t], row, seq)
+                CheckSequence(indptr, seq[0], 0, 1, ok)
+                if (ok[0] == 0) | (row >= qo_indptr[seq[0] + 1]) | (row < qo_indptr[seq[0]]):
+                    for j in T.vectorized(HEAD_DIM):
+                        Output[row, head, j] = T.Cast(dtype, nan)
+                    LSE[row, head] = nan
+
+    def bounds(tile):
+        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
+        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
+        visited, at least one even when no row sees a key (its mask then hides every key)."""
+        seq_kv = tile[SEQ_KV]
+        q_pos0 = tile[Q_TILE] + seq_kv - tile[SEQ_Q]
+        if causal:
+            kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
+            full_end = T.min(seq_kv, q_pos0 + 1)
+        else:
+            kv_stop = seq_kv
+            full_end = seq_kv
+        return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
+
+    @T.macro
+    def MaskTile(acc_s, k, seq_kv, q_pos0):
+        """The keys a row of KV tile k may not see set to -inf."""
+        # Masking after the GEMM, not by pre-filling the accumulator, overwrites whatever the
+        # rows past the sequence's keys gave (the next sequence's keys, TMA's zero fill).
+        for i, j in T.Parallel(block_M, block_N):
+            key = k * block_N + j
+            if causal:
+                acc_s[i, j] = T.if_then_else(
+                    (key < seq_kv) & (key <= q_pos0 + i), acc_s[i, j], neg_inf
+                )
+            else:
+                acc_s[i, j] = T.if_then_else(key < seq_kv, acc_s[i, j], neg_inf)
+
+    @T.macro
+    def Mask(acc_s, k, seq_kv, full_end, q_pos0):
+        """MaskTile, for the tiles that reach past full_end only."""
+        if (k + 1) * block_N > full_end:
+            MaskTile(acc_s, k, seq_kv, q_pos0)
+
+    @T.macro
+    def MMA0(K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0):
+        """acc_s = Q K^T of KV tile k, the keys a row may not see set to -inf."""
+        T.copy(K[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], K_shared)
+        T.gemm(
+            Q_shared,
+            K_shared,
+            acc_s,
+            transpose_B=True,
+            clear_accum=True,
+            policy=T.GemmWarpPolicy.FullRow,
+        )
+        Mask(acc_s, k, seq_kv, full_end, q_pos0)
+
+    @T.macro
+    def Softmax(
+        acc_s,
+        scores_max,
+        scores_max_prev,
+        max_scaled,
+        scores_scale,
+        scores_sum,
+        logsum,
+        scale_log2,
+    ):
+        """Online softmax in base 2: scale * log2(e) folded into one FMA per logit."""
+        T.copy(scores_max, scores_max_prev)
+        T.fill(scores_max, neg_inf)
+        T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+        for i in T.Parallel(block_M):
+            scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
+            # A row with no visible key so far has max -inf: subtract 0 instead, so that
+            # exp2(-inf - -inf) = NaN never happens and its weights stay 0.
+            max_scaled[i] = T.if_then_else(
+                scores_max[i] == neg_inf, 0.0, scores_max[i] * scale_log2
+            )
+            scores_scale[i] = T.exp2(scores_max_prev[i] * scale_log2 - max_scaled[i])
+        for i, j in T.Parallel(block_M, block_N):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - max_scaled[i])
+        T.reduce_sum(acc_s, scores_sum, dim=1)
+        for i in T.Parallel(block_M):
+            logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+
+    @T.macro
+    def Rescale(acc_o, scores_scale):
+        """acc_o rows times scores_scale: the running max moved, or the final 1 / logsum."""
+        for i, j in T.Parallel(block_M, HEAD_DIM):
+            acc_o[i, j] *= scores_scale[i]
+
+    @T.macro
+    def MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head):
+        """acc_o += P V of KV tile k."""
+        T.copy(V[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
+        T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
+    def Epilogue(
+        acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start, q_tile,
+        seq_q, head,
+    ):  # fmt: skip
+        """acc_o / logsum to Output through O_shared, and the base-2 LSE, for the tile's rows.
+        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0)."""
+        for i in T.Parallel(block_M):
+            lse[i] = T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf)
+            scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
+        Rescale(acc_o, scores_scale)
+        T.copy(acc_o, O_shared)
+        # Rows past the sequence's end belong to the next sequence (or to no one): skip.
+        for i, j in T.Parallel(block_M, HEAD_DIM):
+            if q_tile + i < seq_q:
+                Output[q_start + q_tile + i, head, j] = O_shared[i, j]
+        for i in T.Parallel(block_M):
+            if q_tile + i < seq_q:
+                LSE[q_start + q_tile + i, head] = lse[i]
+
+    return SimpleNamespace(
+        dtype=dtype, causal=causal, block_M=block_M, block_N=block_N,
+        total_q=total_q, total_kv=total_kv, len_indptr=len_indptr, q_stride=q_stride,
+        k_stride=k_stride, v_stride=v_stride, batch=batch, num_slots=num_slots,
+        accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of, Locate=Locate,
+        CheckBatch=CheckBatch, CheckTile=CheckTile, Poison=Poison, bounds=bounds, Mask=Mask,
+        MaskTile=MaskTile, MMA0=MMA0, Softmax=Softmax, Rescale=Rescale, MMA1=MMA1,
+        Epilogue=Epilogue,
+    )  # fmt: skip

@@ -1,0 +1,379 @@
+"""The warp-specialized TileLang program, the one the solutions ship: FA3's structure written
+out from the shared steps (gqa_prefill_steps.build_steps).
+"""
+
+import tilelang.language as T
+
+from .gqa_prefill_steps import (
+    GROUP_SIZE,
+    HAS_ITEM,
+    HEAD,
+    HEAD_DIM,
+    ITEM_FIELDS,
+    KV_START,
+    LOG2_E,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    POISON_SLOT,
+    Q_START,
+    Q_TILE,
+    SEQ_KV,
+    SEQ_Q,
+    token_rows,
+)
+
+PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count up from 3)
+
+
+def consumer_threads_of(block_M: int) -> int:
+    """One consumer warpgroup per 64 query rows."""
+    assert block_M % 64 == 0, "one consumer warpgroup per 64 query rows"
+    return 128 * (block_M // 64)
+
+
+def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int):
+    """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
+
+    Warpgroups 0 .. block_M // 64 - 1 consume (64 query rows each, as one 128-row wgmma tile);
+    the last warpgroup produces: it gives its registers away (setmaxnreg) and one warp issues the
+    TMA loads, Q once per tile, then K and V of every KV tile into a num_stages ring, each slot
+    guarded by a full mbarrier (TMA bytes landed) and an empty one (all consumer threads done
+    reading). The consumers issue Q K^T of tile k and P V of tile k - 1 asynchronously, wait for
+    Q K^T only, run the softmax of tile k while P V still runs, then wait for it. pingpong: the
+    warpgroups take turns issuing their GEMMs (named barriers), so one's softmax hides the other's
+    GEMMs.
+
+    The producer warp takes the work items and hands each to the consumers through a 2-slot
+    shared buffer (item_full / item_empty barriers), so the consumers never wait for the sequence
+    search. persistent: a grid of num_sms blocks; each producer takes the next item from
+    Scheduler[0] by atomic add (items run heaviest first, and the first block to ask gets the
+    next: it balances unequal items better than a static round robin), the
+    last block to finish zeroes Scheduler again for the next launch on that stream. The ring and
+    Q's barriers run on across items, so the producer loads the next item's Q, K and V while
+    the consumers finish the last P V and store the output (staged in its own shared buffer, so
+    that Q's can refill early). Otherwise one block per item, and Scheduler is unused.
+    Why persistent and dynamic: TUNING.md.
+
+    Malformed batches: the first consumer warp checks the batch (CheckBatch, once per block, on
+    its first turn) while the producer searches for its first item, so a valid batch pays no
+    latency for it; the producer waits for the verdict (batch_checked) before it loads anything.
+    In a malformed batch only, the producer passes each item's slot in item_tile[., POISON_SLOT] (-1
+    otherwise) and the first consumer warp checks the item's tile (CheckTile, its 32 lanes
+    sharing the scan), marks it in item_tile if it computes nothing and tells the others
+    (item_checked): the producer waits for that before it loads anything for the item, the other
+    consumers before they read the item. Consumer threads 0 .. block_M - 1 poison a row of the
+    item's slot each, every item, spare ones included. The register budgets (producer 24,
+    consumers 240) leave no room: these checks sit where ptxas does not spill (found by trying;
+    tests/test_tilelang_compile.py checks every variant). What a valid batch pays per item: a
+    named barrier for the consumers and one for the producer warp, which TileLang inserts as
+    item_tile entries they read may have been written by one of them.
+    """
+    dtype, block_M, block_N = steps.dtype, steps.block_M, steps.block_N
+    total_q, total_kv, len_indptr = steps.total_q, steps.total_kv, steps.len_indptr
+    q_stride, k_stride, v_stride = steps.q_stride, steps.k_stride, steps.v_stride
+    num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
+    slot_of, Locate, CheckBatch, CheckTile, Poison = (
+        steps.slot_of, steps.Locate, steps.CheckBatch, steps.CheckTile, steps.Poison
+    )  # fmt: skip
+    bounds, Mask, MaskTile, Softmax, Rescale, Epilogue = (
+        steps.bounds, steps.Mask, steps.MaskTile, steps.Softmax, steps.Rescale, steps.Epilogue
+    )  # fmt: skip
+    consumer_threads = consumer_threads_of(block_M)
+    num_consumers = consumer_threads // 128
+    threads = consumer_threads + 128  # the producer warpgroup
+    # FA3's register split: the producer warpgroup keeps 24 (32 beside three consumers).
+    producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
+    num_items = NUM_HEADS * num_slots
+    grid = T.min(num_items, num_sms) if persistent else num_items
+    policy = T.GemmWarpPolicy.FullRow
+
+    @T.macro
+    def LoadTile(source, shared, full, empty, g, kv_row, kv_head):
+        """Producer: the g-th K or V tile (counted over the CTA's items) into its ring slot, once
+        the consumers have released the slot's previous tile."""
+        stage = g % num_stages
+        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
+        T.tma_copy(
+            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
+        )
+        T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def Step(
+        k, ring, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars,
+        seq_kv, q_pos0, scale_log2,
+    ):  # fmt: skip
+        """Consumer iteration k >= 1 of an item whose KV tile 0 sits at position `ring` of the
+        ring: Q K^T of tile k and P V of tile k - 1 in flight together, the softmax of tile k
+        while P V runs. stats: the softmax's row vectors; bars: the K and V ring's barriers and
+        the ping-pong barrier ids.
+
+        The wait for P V (k - 2) opens the iteration instead of closing the previous one: ptxas
+        hoists a wgmma wait within a basic block up to the first write of a softmax register,
+        which would put the exponentials behind P V again; across the loop's back edge it cannot.
+        """
+        scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum = stats
+        k_full, v_full, k_empty, v_empty, my_barrier, next_barrier = bars
+        g = ring + k
+        stage = g % num_stages
+        prev = (g - 1) % num_stages
+        T.wait_wgmma(0)  # P V of tile k - 2 done: its V slot and P's registers are free
+        if k >= 2:
+            T.mbarrier_arrive(v_empty[(g - 2) % num_stages])
+        T.copy(acc_s, acc_s_cast)  # P of tile k - 1
+        T.mbarrier_wait_parity(k_full[stage], (g // num_stages) & 1)
+        if pingpong:
+            T.sync_threads(my_barrier, 256)
+        T.wgmma_gemm(
+            Q_shared, K_shared[stage, :, :], acc_s, transpose_B=True, clear_accum=True,
+            policy=policy,
+        )  # fmt: skip
+        # The running max of tile k - 1 moved: rescale before its P V adds on.
+        Rescale(acc_o, scores_scale)
+        T.mbarrier_wait_parity(v_full[prev], ((g - 1) // num_stages) & 1)
+        T.wgmma_gemm(acc_s_cast, V_shared[prev, :, :], acc_o, policy=policy)
+        if pingpong:
+            T.named_barrier_arrive(next_barrier, 256)
+        T.wait_wgmma(1)  # Q K^T of tile k done, P V of tile k - 1 runs on
+        T.mbarrier_arrive(k_empty[stage])
+        if masked:
+            MaskTile(acc_s, k, seq_kv, q_pos0)
+        Softmax(acc_s, *stats, scale_log2)
+
+    @T.prim_func
+    def main(
+        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
+        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
+        qo_indptr: T.Tensor([len_indptr], T.int32),
+        kv_indptr: T.Tensor([len_indptr], T.int32),
+        kv_rows: T.int32,
+        sm_scale: T.float32,
+        Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+        LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+        Scheduler: T.Tensor([2], T.int32),
+    ):
+        with T.Kernel(grid, threads=threads) as block:
+            Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
+            K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            # Persistent: the output gets its own buffer, so the next item's Q can load while
+            # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
+            O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
+            acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
+            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
+            acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
+            scores_max = T.alloc_fragment([block_M], accum_dtype)
+            scores_max_prev = T.alloc_fragment([block_M], accum_dtype)
+            max_scaled = T.alloc_fragment([block_M], accum_dtype)
+            scores_scale = T.alloc_fragment([block_M], accum_dtype)
+            scores_sum = T.alloc_fragment([block_M], accum_dtype)
+            logsum = T.alloc_fragment([block_M], accum_dtype)
+            lse = T.alloc_fragment([block_M], accum_dtype)
+            stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
+            # full: the producer warp's 32 threads arrive, TMA's bytes complete the phase;
+            # empty: every consumer thread arrives once it is done with the slot.
+            q_full = T.alloc_barrier(32)
+            q_empty = T.alloc_barrier(consumer_threads)
+            k_full = T.alloc_barrier([32] * num_stages)
+            v_full = T.alloc_barrier([32] * num_stages)
+            k_empty = T.alloc_barrier([consumer_threads] * num_stages)
+            v_empty = T.alloc_barrier([consumer_threads] * num_stages)
+            seq = T.alloc_local([1], T.int32)
+            # The current item: Locate's result, then whether there is one, then the slot whose
+            # rows it poisons (-1: none, the batch is valid).
+            tile = T.alloc_local([ITEM_FIELDS], T.int32)
+            fetch = T.alloc_local([1], T.int32)
+            ok = T.alloc_local([1], T.int32)
+            # The producer warp hands each item to the consumers through a 2-slot buffer.
+            item_tile = T.alloc_shared([2, ITEM_FIELDS], T.int32)
+            item_full = T.alloc_barrier([32, 32])
+            item_empty = T.alloc_barrier([consumer_threads, consumer_threads])
+            # The first consumer warp's verdict on the batch (1 if valid) and, in a malformed
+            # batch, on each item (its entries of item_tile updated). One barrier per item_tile
+            # slot, as item_full: nobody can then lag a whole phase behind.
+            batch_ok = T.alloc_shared([1], T.int32)
+            batch_checked = T.alloc_barrier(32)
+            item_checked = T.alloc_barrier([32, 32])
+            indptr = (qo_indptr, kv_indptr, kv_rows)
+            # Items fetched by this block so far (the terminating one included), items with a
+            # query row, and KV tiles through the ring: the phases of the barriers and the
+            # ring's position carry over between items.
+            fetched = T.alloc_local([1], T.int32)
+            items_done = T.alloc_local([1], T.int32)
+            ring = T.alloc_local([1], T.int32)
+            fetched[0] = 0
+            items_done[0] = 0
+            ring[0] = 0
+            tx = T.get_thread_binding()
+            scale_log2 = sm_scale * LOG2_E
+
+            if tx >= consumer_threads:
+                T.set_max_nreg(producer_regs, 0)
+                if tx < consumer_threads + 32:
+                    while fetched[0] >= 0:
+                        slot = fetched[0] % 2
+                        T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
+                        if persistent:
+                            # Dynamic schedule: the next item goes to the first block that
+                            # asks (heaviest first), which balances unequal items. One lane
+                            # asks, a shuffle tells the warp.
+                            fetch[0] = 0
+                            if tx == consumer_threads:
+                                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
+                            item = T.shfl_sync(fetch[0], 0)
+                        else:
+                            item = T.if_then_else(fetched[0] == 0, block, num_items)
+                        tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
+                        tile[POISON_SLOT] = -1
+                        if item < num_items:
+                            Locate(item, qo_indptr, kv_indptr, seq, tile)
+                            # Completed once, so a wait past the first item returns at once.
+                            T.mbarrier_wait_parity(batch_checked[0], 0)
+                            if batch_ok[0] == 0:
+                                tile[POISON_SLOT] = slot_of(item)
+                        if tx == consumer_threads:  # one writer: no barrier within the warp
+                            for i in T.serial(ITEM_FIELDS):
+                                item_tile[slot, i] = tile[i]
+                        T.mbarrier_arrive(item_full[slot])
+                        if item < num_items:
+                            if batch_ok[0] == 0:  # the consumers check the item
+                                T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
+                                tile[SEQ_Q] = item_tile[slot, SEQ_Q]
+                                tile[Q_TILE] = item_tile[slot, Q_TILE]
+                            q_start, seq_q, kv_start, q_tile, head = (
+                                tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[Q_TILE], tile[HEAD]
+                            )  # fmt: skip
+                            kv_head = head // GROUP_SIZE
+                            _, _, loop_range = bounds(tile)
+                            if q_tile < seq_q:  # a spare slot has no row: nothing to load
+                                T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
+                                T.tma_copy(
+                                    Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                                    Q_shared,
+                                    barrier=q_full[0],
+                                )
+                                T.mbarrier_arrive(q_full[0])
+                                for k in T.serial(loop_range):
+                                    g = ring[0] + k
+                                    kv_row = kv_start + k * block_N
+                                    LoadTile(K, K_shared, k_full, k_empty, g, kv_row, kv_head)
+                                    LoadTile(V, V_shared, v_full, v_empty, g, kv_row, kv_head)
+                                items_done[0] = items_done[0] + 1
+                                ring[0] = ring[0] + loop_range
+                            fetched[0] = fetched[0] + 1
+                        else:
+                            fetched[0] = -1  # done
+                            if persistent:
+                                # The last block to finish fetching resets the scheduler for the
+                                # next launch on this stream (no other block touches it now).
+                                if tx == consumer_threads:
+                                    if (
+                                        T.atomic_add(
+                                            Scheduler[1], 1, memory_order="acq_rel",
+                                            return_prev=True,
+                                        )
+                                        == grid - 1
+                                    ):  # fmt: skip
+                                        Scheduler[0] = 0
+                                        Scheduler[1] = 0
+            else:
+                T.set_max_nreg(consumer_regs, 1)
+                warpgroup = tx // 128
+                my_barrier = PINGPONG_BARRIER + warpgroup
+                next_barrier = PINGPONG_BARRIER + (warpgroup + 1) % num_consumers
+                if pingpong:
+                    if warpgroup == num_consumers - 1:
+                        T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
+                while fetched[0] >= 0:
+                    slot = fetched[0] % 2
+                    if (fetched[0] == 0) & (tx < 32):
+                        CheckBatch(indptr, tx, 32, ok)
+                        verdict = T.all_sync(ok[0])
+                        if tx == 0:
+                            batch_ok[0] = verdict
+                        T.mbarrier_arrive(batch_checked[0])
+                    T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
+                    if item_tile[slot, POISON_SLOT] >= 0:  # a malformed batch
+                        # The first warp checks the item's tile and marks it in item_tile for
+                        # everyone, the producer included, who all wait for that.
+                        if tx < 32:
+                            CheckTile(
+                                item_tile[slot, POISON_SLOT], indptr, seq, tx, 32, ok, T.all_sync
+                            )
+                            if (tx == 0) & (ok[0] == 0):  # seq_q = q_tile = 0, as for a spare slot
+                                item_tile[slot, SEQ_Q] = 0
+                                item_tile[slot, Q_TILE] = 0
+                            T.mbarrier_arrive(item_checked[slot])
+                        Poison(
+                            indptr, Output, LSE, item_tile[slot, POISON_SLOT],
+                            item_tile[slot, HEAD], tx, consumer_threads, seq, ok,
+                        )  # fmt: skip
+                        T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
+                    for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
+                        tile[i] = item_tile[slot, i]
+                    T.mbarrier_arrive(item_empty[slot])
+                    fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
+                    q_start, seq_q = tile[Q_START], tile[SEQ_Q]
+                    seq_kv, q_tile = tile[SEQ_KV], tile[Q_TILE]
+                    head = tile[HEAD]
+                    q_pos0, full_end, loop_range = bounds(tile)
+                    if tile[HAS_ITEM] == 1 and q_tile < seq_q:
+                        r = ring[0]
+                        T.fill(acc_o, 0)
+                        T.fill(logsum, 0)
+                        T.fill(scores_max, neg_inf)
+                        T.fill(max_scaled, 0)
+                        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
+
+                        # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
+                        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
+                        if pingpong:
+                            T.sync_threads(my_barrier, 256)
+                        T.wgmma_gemm(
+                            Q_shared, K_shared[r % num_stages, :, :], acc_s, transpose_B=True,
+                            clear_accum=True, policy=policy,
+                        )  # fmt: skip
+                        if pingpong:
+                            T.named_barrier_arrive(next_barrier, 256)
+                        T.wait_wgmma(0)
+                        T.mbarrier_arrive(k_empty[r % num_stages])
+                        Mask(acc_s, 0, seq_kv, full_end, q_pos0)
+                        Softmax(acc_s, *stats, scale_log2)
+
+                        # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
+                        mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
+                        bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
+                        bufs = (
+                            Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
+                        )  # fmt: skip
+                        for k in T.serial(1, mask_from):
+                            Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+                        for k in T.serial(mask_from, loop_range):
+                            Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+                        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
+
+                        g_last = r + loop_range - 1
+                        last = g_last % num_stages
+                        T.wait_wgmma(0)
+                        if loop_range >= 2:
+                            T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
+                        T.copy(acc_s, acc_s_cast)
+                        Rescale(acc_o, scores_scale)
+                        T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
+                        T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
+                        T.wait_wgmma(0)
+                        T.mbarrier_arrive(v_empty[last])
+
+                        # TileLang puts a consumer barrier before the copy into O_shared:
+                        # every consumer is past its last Q K^T (one item per block: Q's buffer
+                        # is free) and past the stores of the previous item (persistent: O's
+                        # buffer is free).
+                        Epilogue(
+                            acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
+                            q_start, q_tile, seq_q, head,
+                        )  # fmt: skip
+                        items_done[0] = items_done[0] + 1
+                        ring[0] = ring[0] + loop_range
+
+    return main

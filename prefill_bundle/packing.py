@@ -22,6 +22,9 @@ BUNDLE_AUTHOR = "gqa-prefill-bundle"
 # The CUDA solutions' files (flat, beside each other; attention_kernel.cuh includes the rest).
 CUDA_SOURCES = (
     "prefill_entry.cu",
+    "entry_describe.cuh",
+    "entry_checks.cuh",
+    "entry_launch.cuh",
     "attention_kernel.cuh",
     "kernel_config.cuh",
     "ptx_sm80.cuh",

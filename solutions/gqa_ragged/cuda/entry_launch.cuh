@@ -1,0 +1,201 @@
+// Host side of prefill_entry.cu, part 3: kernel choice and launch (shared-memory opt-in, TMA
+// descriptors, the persistent schedule's counter), Params from checked arguments.
+#pragma once
+
+#include "entry_checks.cuh"
+
+namespace {
+
+// Raises a kernel's dynamic shared-memory limit (above 48 KiB needs an opt-in, once per
+// kernel and device).
+template <typename Kernel>
+void allow_smem(Kernel* kernel, size_t bytes) {
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_kernel: cudaFuncSetAttribute(" << bytes
+                                << " bytes of shared memory) failed: "
+                                << cudaGetErrorString(err);
+  }
+}
+
+// ---- The Hopper kernel's host side: TMA descriptors, persistent schedule.
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no link to libcuda.
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(
+        "cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || ptr == nullptr) {
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: the CUDA driver has no "
+                                     "cuTensorMapEncodeTiled ("
+                                  << cudaGetErrorString(err) << ")";
+    }
+    return reinterpret_cast<EncodeTiled>(ptr);
+  }();
+  return fn;
+}
+
+// A 3-D view (dim 128, head, row) of a [rows, heads, 128] tensor with heads dense and rows
+// token_stride elements apart, read in boxes of (64, box_heads, box_rows) with the 128-byte
+// swizzle; reads past the last row give zeros.
+CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int64_t token_stride,
+                       int box_heads, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {kHeadDim, cuuint64_t(heads), cuuint64_t(std::max<int64_t>(rows, 1))};
+  const cuuint64_t strides[2] = {kHeadDim * 2, cuuint64_t(token_stride) * 2};  // bytes
+  const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = encode_tiled()(
+      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: cuTensorMapEncodeTiled failed ("
+                                << static_cast<int>(result) << ") for a [" << rows << ", "
+                                << heads << ", 128] tensor";
+  }
+  return map;
+}
+
+// The persistent kernel's work counter (int32[2], zero between launches: the kernel's last
+// CTA resets it), one per device and stream, so that concurrent streams never share one.
+int* scheduler_counter(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  std::lock_guard<std::mutex> lock(mutex);
+  int*& counter = counters[{device, stream}];
+  if (counter == nullptr) {
+    cudaError_t err = cudaMalloc(&counter, 2 * sizeof(int));
+    if (err == cudaSuccess) err = cudaMemsetAsync(counter, 0, 2 * sizeof(int), stream);
+    if (err != cudaSuccess) {
+      counter = nullptr;
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: no scheduler counter ("
+                                  << cudaGetErrorString(err) << ")";
+    }
+  }
+  return counter;
+}
+
+int multiprocessors(int device) {
+  static int counts[64] = {};
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable && counts[device] > 0) return counts[device];
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      count <= 0) {
+    cudaGetLastError();
+    count = 132;
+  }
+  if (cacheable) counts[device] = count;
+  return count;
+}
+
+// Which kernel runs. The wgmma kernel's body exists only in an sm_90a build (flashinfer-bench
+// compiles for sm_90 unless TVM_FFI_CUDA_ARCH_LIST=9.0a); elsewhere it is a stub. Host code
+// cannot see the device-side __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare different
+// __launch_bounds__ and cudaFuncGetAttributes reports the one of the version the device
+// loaded: maxThreadsPerBlock == kWgmmaThreads means the real wgmma kernel. Decided once per
+// kernel and device, with the shared-memory opt-in of the chosen kernel.
+// num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
+template <typename T, bool kCausal, bool kRagged>
+void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
+            const DLDevice& device) {
+  auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
+  auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+  constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
+  enum Path : uint8_t { kUnknown, kPortable, kHopper };
+  static Path chosen[64] = {};
+  const bool cacheable = device.device_id >= 0 && device.device_id < 64;
+  Path path = cacheable ? chosen[device.device_id] : kUnknown;
+  if (path == kUnknown) {
+    path = kPortable;
+    if (kEnableWgmmaPath) {
+      cudaFuncAttributes attributes{};
+      if (cudaFuncGetAttributes(&attributes, hopper) == cudaSuccess) {
+        if (attributes.maxThreadsPerBlock == kWgmmaThreads) path = kHopper;
+      } else {
+        cudaGetLastError();  // not loadable here: clear the error, run the portable kernel
+      }
+    }
+    allow_smem(portable, kPortableSmemBytes);
+    if (path == kHopper) allow_smem(hopper, kHopperSmem);
+    if (cacheable) chosen[device.device_id] = path;
+  }
+  // The Hopper kernel folds the softmax scale into its exponentials, which needs a positive
+  // scale; any other finite sm_scale runs the portable kernel.
+  if (!(params.scale_log2 > 0.f)) path = kPortable;
+  auto stream =
+      static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  const int64_t num_items = num_slots * kNumKvHeads;
+  int64_t num_ctas = num_items;
+  if (path == kHopper) {
+    HopperParams hp{};
+    hp.p = params;
+    const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    constexpr int kBlockN = HopperTiles<kCausal>::kBlockN;
+    hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
+                          kTokensPerTile);
+    // No key row at all: no K/V tile is ever loaded; q stands in for the descriptors.
+    const void* k = kv_rows > 0 ? params.k : params.q;
+    const void* v = kv_rows > 0 ? params.v : params.q;
+    hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, params.k_stride, 1, kBlockN);
+    hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, params.v_stride, 1, kBlockN);
+    hp.num_items = static_cast<int>(num_items);
+    if (HopperTiles<kCausal>::kPersistent && num_items > multiprocessors(device.device_id)) {
+      num_ctas = multiprocessors(device.device_id);
+      hp.scheduler = scheduler_counter(device.device_id, stream);
+    }
+    hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
+  } else {
+    portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    const char* name = path == kHopper ? "gqa_prefill_wgmma_kernel" : "gqa_prefill_kernel";
+    TVM_FFI_THROW(RuntimeError) << name << " launch (" << num_ctas
+                                << " CTAs) failed: " << cudaGetErrorString(err);
+  }
+}
+
+// The kernels take token strides in 32 bits.
+int token_stride_32(const Arg& x) {
+  const int64_t step = token_stride(*x);
+  if (step > std::numeric_limits<int32_t>::max()) {
+    TVM_FFI_THROW(ValueError) << x.name << ": token strides of 2^31 elements or more are not "
+                                           "supported, got "
+                              << step;
+  }
+  return static_cast<int>(step);
+}
+
+// The fields both definitions fill alike: q, k, v with their token strides, and the output.
+Params input_params(const Arg& q, const Arg& k, const Arg& v, const Arg& out) {
+  Params params{};
+  params.q = address(*q);
+  params.k = address(*k);
+  params.v = address(*v);
+  params.q_stride = token_stride_32(q);
+  params.k_stride = token_stride_32(k);
+  params.v_stride = token_stride_32(v);
+  params.out = const_cast<char*>(address(*out));
+  return params;
+}
+
+void check_grid(int64_t num_ctas) {
+  if (num_ctas > std::numeric_limits<int32_t>::max()) {
+    TVM_FFI_THROW(ValueError) << "too many query rows: " << num_ctas
+                              << " CTAs exceed the grid limit";
+  }
+}
+
+}  // namespace

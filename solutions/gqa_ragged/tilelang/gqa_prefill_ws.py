@@ -140,6 +140,75 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             MaskTile(acc_s, k, seq_kv, q_pos0)
         Softmax(acc_s, *stats, scale_log2)
 
+    @T.macro
+    def ConsumeItem(
+        q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range, buffers, stats, lse,
+        bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
+    ):  # fmt: skip
+        """Consumer: one item with query rows, from Q K^T of its KV tile 0 to its stores.
+        buffers: Q, K, V and O's shared buffers and the accumulators; stats: the softmax's row
+        vectors; bars: as Step's; items_done and ring: the block's counters, advanced here."""
+        Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o = buffers
+        scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum = stats
+        k_full, v_full, k_empty, v_empty, my_barrier, next_barrier = bars
+
+        r = ring[0]
+        T.fill(acc_o, 0)
+        T.fill(logsum, 0)
+        T.fill(scores_max, neg_inf)
+        T.fill(max_scaled, 0)
+        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
+
+        # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
+        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
+        if pingpong:
+            T.sync_threads(my_barrier, 256)
+        T.wgmma_gemm(
+            Q_shared, K_shared[r % num_stages, :, :], acc_s, transpose_B=True,
+            clear_accum=True, policy=policy,
+        )  # fmt: skip
+        if pingpong:
+            T.named_barrier_arrive(next_barrier, 256)
+        T.wait_wgmma(0)
+        T.mbarrier_arrive(k_empty[r % num_stages])
+        Mask(acc_s, 0, seq_kv, full_end, q_pos0)
+        Softmax(acc_s, *stats, scale_log2)
+
+        # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
+        mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
+        bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
+        bufs = (
+            Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
+        )  # fmt: skip
+        for k in T.serial(1, mask_from):
+            Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+        for k in T.serial(mask_from, loop_range):
+            Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
+
+        g_last = r + loop_range - 1
+        last = g_last % num_stages
+        T.wait_wgmma(0)
+        if loop_range >= 2:
+            T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
+        T.copy(acc_s, acc_s_cast)
+        Rescale(acc_o, scores_scale)
+        T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
+        T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
+        T.wait_wgmma(0)
+        T.mbarrier_arrive(v_empty[last])
+
+        # TileLang puts a consumer barrier before the copy into O_shared:
+        # every consumer is past its last Q K^T (one item per block: Q's buffer
+        # is free) and past the stores of the previous item (persistent: O's
+        # buffer is free).
+        Epilogue(
+            acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
+            q_start, q_tile, seq_q, head,
+        )  # fmt: skip
+        items_done[0] = items_done[0] + 1
+        ring[0] = ring[0] + loop_range
+
     @T.prim_func
     def main(
         Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
@@ -319,61 +388,12 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                     head = tile[HEAD]
                     q_pos0, full_end, loop_range = bounds(tile)
                     if tile[HAS_ITEM] == 1 and q_tile < seq_q:
-                        r = ring[0]
-                        T.fill(acc_o, 0)
-                        T.fill(logsum, 0)
-                        T.fill(scores_max, neg_inf)
-                        T.fill(max_scaled, 0)
-                        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
-
-                        # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
-                        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
-                        if pingpong:
-                            T.sync_threads(my_barrier, 256)
-                        T.wgmma_gemm(
-                            Q_shared, K_shared[r % num_stages, :, :], acc_s, transpose_B=True,
-                            clear_accum=True, policy=policy,
+                        ConsumeItem(
+                            q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range,
+                            (Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o),
+                            stats, lse,
+                            (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier),
+                            q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
                         )  # fmt: skip
-                        if pingpong:
-                            T.named_barrier_arrive(next_barrier, 256)
-                        T.wait_wgmma(0)
-                        T.mbarrier_arrive(k_empty[r % num_stages])
-                        Mask(acc_s, 0, seq_kv, full_end, q_pos0)
-                        Softmax(acc_s, *stats, scale_log2)
-
-                        # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
-                        mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
-                        bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
-                        bufs = (
-                            Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
-                        )  # fmt: skip
-                        for k in T.serial(1, mask_from):
-                            Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
-                        for k in T.serial(mask_from, loop_range):
-                            Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
-                        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
-
-                        g_last = r + loop_range - 1
-                        last = g_last % num_stages
-                        T.wait_wgmma(0)
-                        if loop_range >= 2:
-                            T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
-                        T.copy(acc_s, acc_s_cast)
-                        Rescale(acc_o, scores_scale)
-                        T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
-                        T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
-                        T.wait_wgmma(0)
-                        T.mbarrier_arrive(v_empty[last])
-
-                        # TileLang puts a consumer barrier before the copy into O_shared:
-                        # every consumer is past its last Q K^T (one item per block: Q's buffer
-                        # is free) and past the stores of the previous item (persistent: O's
-                        # buffer is free).
-                        Epilogue(
-                            acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
-                            q_start, q_tile, seq_q, head,
-                        )  # fmt: skip
-                        items_done[0] = items_done[0] + 1
-                        ring[0] = ring[0] + loop_range
 
     return main

@@ -25,10 +25,7 @@ from prefill_bundle.testing import (
 
 KERNEL = "kernel_hopper.cuh"
 # name: [(text in kernel_hopper.cuh, replacement)]; "default" is the file as it is.
-# Measured on the H100 (2026-11-24, kernel time vs FlashInfer fa3; see the CUDA issue notes):
-# FA3's ping-pong between the consumer warpgroups (named barriers around each warpgroup's
-# issue) changed nothing (0.81 / 0.91 / 0.89 with and without), and was removed; non-causal
-# with 128-key tiles 0.85, persistent 128-key non-causal 0.81, vs 0.89 for 176-key tiles.
+# Measurements of earlier variants: solutions/gqa_ragged/cuda/TUNING.md.
 VARIANTS = {
     "default": [],
     "unfolded_scale": [  # scale the logits first (one FMUL each), then exp2(s - max)

@@ -64,6 +64,7 @@ constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
 
 template <bool kCausal>
 struct HopperTiles {
+  // Tile sizes, output buffer and schedule per mask: the measurements are in TUNING.md.
   static constexpr int kBlockN = kCausal ? 128 : 176;   // keys per K/V tile
   static constexpr bool kOwnOutputBuffer = kCausal;     // else the output is staged in Q's
   static constexpr bool kPersistent = kCausal;          // else one CTA per work item

@@ -22,7 +22,7 @@ __device__ __forceinline__ uint64_t token_offset(int row, int stride) {
 // chunk of each. Rows at or past the sequence end are zero-filled without a global read (src
 // pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage. K and V
 // share one loader (one row index, one shared-memory address): the K/V loop runs at the
-// 128-register cap, and two loaders with runtime token strides made it spill.
+// 128-register cap, and two loaders with runtime token strides made it spill (TUNING.md).
 template <typename T>
 struct KvTileLoader {
   const T* k_src;       // this thread's chunk of the sequence's k row row_in_tile

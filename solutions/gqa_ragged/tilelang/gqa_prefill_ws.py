@@ -141,6 +141,35 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         Softmax(acc_s, *stats, scale_log2)
 
     @T.macro
+    def LoadItem(
+        q_start, q_tile, kv_start, head, kv_head, loop_range, inputs, buffers, q_bars, bars,
+        items_done, ring,
+    ):  # fmt: skip
+        """Producer: Q of one item with query rows, then its KV tiles into the ring.
+        inputs: Q, K, V; buffers: their shared buffers; q_bars: Q's full and empty barriers;
+        bars: the ring's k_full, k_empty, v_full, v_empty; items_done and ring: the block's
+        counters, advanced here."""
+        Q, K, V = inputs
+        Q_shared, K_shared, V_shared = buffers
+        q_full, q_empty = q_bars
+        k_full, k_empty, v_full, v_empty = bars
+
+        T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
+        T.tma_copy(
+            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+            Q_shared,
+            barrier=q_full[0],
+        )
+        T.mbarrier_arrive(q_full[0])
+        for k in T.serial(loop_range):
+            g = ring[0] + k
+            kv_row = kv_start + k * block_N
+            LoadTile(K, K_shared, k_full, k_empty, g, kv_row, kv_head)
+            LoadTile(V, V_shared, v_full, v_empty, g, kv_row, kv_head)
+        items_done[0] = items_done[0] + 1
+        ring[0] = ring[0] + loop_range
+
+    @T.macro
     def ConsumeItem(
         q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range, buffers, stats, lse,
         bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
@@ -316,20 +345,11 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                             kv_head = head // GROUP_SIZE
                             _, _, loop_range = bounds(tile)
                             if q_tile < seq_q:  # a spare slot has no row: nothing to load
-                                T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
-                                T.tma_copy(
-                                    Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-                                    Q_shared,
-                                    barrier=q_full[0],
-                                )
-                                T.mbarrier_arrive(q_full[0])
-                                for k in T.serial(loop_range):
-                                    g = ring[0] + k
-                                    kv_row = kv_start + k * block_N
-                                    LoadTile(K, K_shared, k_full, k_empty, g, kv_row, kv_head)
-                                    LoadTile(V, V_shared, v_full, v_empty, g, kv_row, kv_head)
-                                items_done[0] = items_done[0] + 1
-                                ring[0] = ring[0] + loop_range
+                                LoadItem(
+                                    q_start, q_tile, kv_start, head, kv_head, loop_range,
+                                    (Q, K, V), (Q_shared, K_shared, V_shared), (q_full, q_empty),
+                                    (k_full, k_empty, v_full, v_empty), items_done, ring,
+                                )  # fmt: skip
                             fetched[0] = fetched[0] + 1
                         else:
                             fetched[0] = -1  # done

@@ -33,6 +33,7 @@ CUDA_SOURCES = (
     "epilogue.cuh",
     "kernel_portable.cuh",
     "ptx_sm90.cuh",
+    "hopper_layout.cuh",
     "kernel_hopper.cuh",
 )
 

@@ -28,7 +28,8 @@
 //   epilogue.cuh         normalize_rows, copy_rows_out, write_output
 //   kernel_portable.cuh  KvTileLoader, gqa_prefill_kernel
 //   ptx_sm90.cuh         mbarrier, TMA, wgmma wrappers, smem descriptors (sm_90a only)
-//   kernel_hopper.cuh    HopperTiles, HopperParams, WorkItem, gqa_prefill_wgmma_kernel
+//   hopper_layout.cuh    HopperTiles, HopperParams, WorkItem, HopperSmem, next_item
+//   kernel_hopper.cuh    gqa_prefill_wgmma_kernel
 #pragma once
 
 #include "kernel_config.cuh"
@@ -38,4 +39,5 @@
 #include "epilogue.cuh"
 #include "kernel_portable.cuh"
 #include "ptx_sm90.cuh"
+#include "hopper_layout.cuh"
 #include "kernel_hopper.cuh"

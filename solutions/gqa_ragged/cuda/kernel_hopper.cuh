@@ -1,8 +1,9 @@
-// The Hopper kernel (FlashAttention-3 style: TMA, wgmma, warp-specialized; sm_90a only), its
-// tile sizes (HopperTiles), parameters and work items. Described below.
+// The Hopper kernel (FlashAttention-3 style: TMA, wgmma, warp-specialized; sm_90a only),
+// described below; its tile sizes, shared-memory layout and schedule are in hopper_layout.cuh.
 #pragma once
 
 #include "epilogue.cuh"
+#include "hopper_layout.cuh"
 #include "kernel_config.cuh"
 #include "mask_softmax.cuh"
 #include "ptx_sm80.cuh"
@@ -53,112 +54,11 @@ namespace gqa_prefill {
 // value with cudaFuncGetAttributes (maxThreadsPerBlock) and runs this kernel only where it is
 // kWgmmaThreads (see prefill_entry.cu).
 
-// Set to false to build the Hopper kernel but always run the portable one.
-constexpr bool kEnableWgmmaPath = true;
-constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups
-constexpr int kConsumerThreads = 256;
-constexpr int kWgmmaStubThreads = 32;   // the stub's bound: "not compiled"
-constexpr int kKvStages = 2;  // K/V ring depth (each of K and V)
-constexpr uint32_t kQTileBytes = kBlockM * kHeadDim * 2;  // 32 KiB
-constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
-
-template <bool kCausal>
-struct HopperTiles {
-  // Tile sizes, output buffer and schedule per mask: the measurements are in TUNING.md.
-  static constexpr int kBlockN = kCausal ? 128 : 176;   // keys per K/V tile
-  static constexpr bool kOwnOutputBuffer = kCausal;     // else the output is staged in Q's
-  static constexpr bool kPersistent = kCausal;          // else one CTA per work item
-  static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
-  // setmaxnreg: 128 producer + 256 consumer threads share 64 K registers. 176-key score tiles
-  // need 240 per consumer thread; with 128-key tiles the producer gets 32 (its ragged
-  // sequence search spills at 24).
-  static constexpr int kProducerRegisters = kCausal ? 32 : 24;
-  static constexpr int kConsumerRegisters = kCausal ? 232 : 240;
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 64 * 1024, "registers");
-  static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
-};
-
-// The kernel's parameters beyond Params: TMA descriptors (by value, __grid_constant__) and
-// the work schedule.
-struct HopperParams {
-  Params p;
-  CUtensorMap q_map;  // q as (dim 128, head 32, token), box (64, 4, 32)
-  CUtensorMap k_map;  // k as (dim 128, kv head 8, token), box (64, 1, kBlockN)
-  CUtensorMap v_map;
-  int* scheduler;  // persistent kernels: int32[2] {items drawn, CTAs done}, zero between launches
-  int num_items;   // work items (query tile slot x KV head)
-};
-
-// A work item as the producer hands it to the consumers.
-struct WorkItem {
-  TileCoords t;
-  int kv_head;
-  int valid;  // 0: no more work, the consumers exit
-};
-
-// The Hopper kernel's dynamic shared memory, the one source of its layout: byte offsets from
-// the 1024-byte aligned base (the kernel's `base`; kBytes includes the alignment slack).
-//   Q tile | K ring (kKvStages tiles) | V ring | O staging (causal only; else O reuses Q) |
-//   mbarriers (128 bytes, 8 each) | work-item slots (128 bytes)
-// mbarriers: full = data landed (1 arrival + TMA bytes, or the producer's item), empty = the
-// 256 consumer threads are done with it. Ring stage s / item slot i: the barrier + 8 * s (i).
-template <bool kCausal>
-struct HopperSmem {
-  using Tiles = HopperTiles<kCausal>;
-  static constexpr int kItemSlots = 2;  // work items in flight from the producer
-  static constexpr uint32_t kQ = 0;
-  static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
-  static constexpr uint32_t kV = kK + kKvStages * Tiles::kKvTileBytes;
-  static constexpr uint32_t kO = Tiles::kOwnOutputBuffer ? kV + kKvStages * Tiles::kKvTileBytes
-                                                         : kQ;
-  static constexpr uint32_t kBarriers = kV + kKvStages * Tiles::kKvTileBytes +
-                                        (Tiles::kOwnOutputBuffer ? kQTileBytes : 0);
-  static constexpr uint32_t kQFull = kBarriers, kQEmpty = kQFull + 8;
-  static constexpr uint32_t kKFull = kQEmpty + 8, kKEmpty = kKFull + 8 * kKvStages;
-  static constexpr uint32_t kVFull = kKEmpty + 8 * kKvStages, kVEmpty = kVFull + 8 * kKvStages;
-  static constexpr uint32_t kItemFull = kVEmpty + 8 * kKvStages;
-  static constexpr uint32_t kItemEmpty = kItemFull + 8 * kItemSlots;
-  static constexpr uint32_t kItems = kBarriers + 128;  // WorkItem[kItemSlots]
-  static constexpr uint32_t kBytes = kItems + 128 + 1024;  // + slack for the 1024 alignment
-  static_assert(kItemEmpty + 8 * kItemSlots <= kItems, "the barriers end before the item slots");
-  static_assert(kItemSlots * sizeof(WorkItem) <= 128, "the item slots fit");
-  static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
-};
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaThreads, 1)
 #else
 #define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaStubThreads, 1)
 #endif
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Ring position of the i-th K/V tile (counted over all items of the CTA): stage and the parity
-// of its barriers' phase.
-struct RingSlot {
-  uint32_t stage, parity;
-  __device__ __forceinline__ explicit RingSlot(uint32_t i)
-      : stage(i % kKvStages), parity((i / kKvStages) & 1) {}
-};
-
-// The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.
-// Past the end, the last CTA to get there zeroes the counter for the next launch.
-__device__ __forceinline__ int next_item(const HopperParams& hp, int item) {
-  if (hp.scheduler == nullptr) return item + gridDim.x;
-  const int next = gridDim.x + atomicAdd(hp.scheduler, 1);
-  if (next >= hp.num_items) {
-    __threadfence();  // this CTA's draws happen before its count below
-    if (atomicAdd(hp.scheduler + 1, 1) == int(gridDim.x) - 1) {
-      __threadfence();  // every CTA's draws happen before the reset
-      hp.scheduler[0] = 0;
-      hp.scheduler[1] = 0;
-    }
-  }
-  return next;
-}
-
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <typename T, bool kCausal, bool kRagged>
 __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {

@@ -1,7 +1,8 @@
 """On the GPU: kernel time of variants of the CUDA solution against FlashInfer fa3 on the big
 padded shapes and two ragged batches, interleaved (A B A B; the card heats up within a call),
-each checked against FlashInfer's output first. A variant is the packed solution with text
-replaced in kernel_hopper.cuh (a constexpr knob), built under its own name. Prints a table.
+each checked against FlashInfer's output first. A variant is the packed solution with knob
+macros defined at the top of prefill_entry.cu, built under its own name and namespace. Prints a
+table.
 
     TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
 """
@@ -23,16 +24,13 @@ from prefill_bundle.testing import (
     poisoned_outputs,
 )
 
-KERNEL = "kernel_hopper.cuh"
-# name: [(text in kernel_hopper.cuh, replacement)]; "default" is the file as it is.
-# Measurements of earlier variants: solutions/gqa_ragged/cuda/TUNING.md.
+ENTRY = "prefill_entry.cu"
+# name: {knob macro: value}, defined at the top of prefill_entry.cu (before the includes);
+# "default" is the sources as they are. Measurements of earlier variants:
+# solutions/gqa_ragged/cuda/TUNING.md.
 VARIANTS = {
-    "default": [],
-    "unfolded_scale": [  # scale the logits first (one FMUL each), then exp2(s - max)
-        ("mask_tile<kCausal>(s, t, 0,", "scale_and_mask<kCausal>(s, p.scale_log2, t, 0,"),
-        ("mask_tile<kCausal>(s, t, (n", "scale_and_mask<kCausal>(s, p.scale_log2, t, (n"),
-        ("rescale, p.scale_log2);", "rescale, 1.f);"),
-    ],
+    "default": {},
+    "unfolded_scale": {"GQA_PREFILL_FOLD_SCALE": "0"},  # scale the logits first, then exp2(s - max)
 }
 CASES = [
     PaddedCase(8, 2048, 2048, True),
@@ -47,14 +45,14 @@ CASES = [
 def build_variant(solution_name: str, variant: str):
     if variant == "default":
         return build_solution(solution_name)
+    # Every variant's kernels in a namespace of their own: modules loaded into one process may
+    # share symbols, and a variant must never launch another build's kernel.
+    defines = {"gqa_prefill": f"gqa_prefill_{variant}", **VARIANTS[variant]}
+    header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     solution = load_solution(solution_name)
     sources = []
     for source in solution.sources:
-        content = source.content
-        if source.path == KERNEL:
-            for old, new in VARIANTS[variant]:
-                assert old in content, f"{variant}: {old!r} is not in {KERNEL}"
-                content = content.replace(old, new)
+        content = header + source.content if source.path == ENTRY else source.content
         sources.append(source.model_copy(update={"content": content}))
     copy = solution.model_copy(update={"name": f"{solution_name}_{variant}", "sources": sources})
     return BuilderRegistry.get_instance().build(load_definition(solution.definition), copy)

@@ -8,6 +8,14 @@
 
 namespace gqa_prefill {
 
+// Tuning knob, a macro so that scripts/tune_cuda.py builds a variant by defining it before the
+// includes: 1 folds the softmax scale into its exponentials (one FFMA a logit), 0 scales the
+// logits first (one FMUL each; TUNING.md has the measurements).
+#ifndef GQA_PREFILL_FOLD_SCALE
+#define GQA_PREFILL_FOLD_SCALE 1
+#endif
+constexpr bool kFoldScale = GQA_PREFILL_FOLD_SCALE;
+
 // Set to false to build the Hopper kernel but always run the portable one.
 constexpr bool kEnableWgmmaPath = true;
 constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups

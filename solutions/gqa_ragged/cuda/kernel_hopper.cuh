@@ -261,8 +261,12 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       fence_operands(s);
       mbarrier_arrive(k_empty + 8 * first.stage);
       if (Tiles::kOwnOutputBuffer && num_kv_tiles == 1) release_q();
-      mask_tile<kCausal>(s, t, 0, row_token, quad_lane);
-      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);  // O is still 0
+      if constexpr (kFoldScale) {
+        mask_tile<kCausal>(s, t, 0, row_token, quad_lane);
+      } else {
+        scale_and_mask<kCausal>(s, p.scale_log2, t, 0, row_token, quad_lane);
+      }
+      softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);  // O is 0
       pack_p(s);
     }
     // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
@@ -280,8 +284,12 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       fence_operands(s);
       mbarrier_arrive(k_empty + 8 * next.stage);
       if (Tiles::kOwnOutputBuffer && n + 2 == num_kv_tiles) release_q();
-      mask_tile<kCausal>(s, t, (n + 1) * kBlockN, row_token, quad_lane);
-      softmax_tile(s, row_max, row_sum, rescale, p.scale_log2);
+      if constexpr (kFoldScale) {
+        mask_tile<kCausal>(s, t, (n + 1) * kBlockN, row_token, quad_lane);
+      } else {
+        scale_and_mask<kCausal>(s, p.scale_log2, t, (n + 1) * kBlockN, row_token, quad_lane);
+      }
+      softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);
       wgmma_wait<0>();
       fence_operands(acc);
       mbarrier_arrive(v_empty + 8 * current.stage);

@@ -20,6 +20,14 @@ from .generated import GeneratedFile
 BASELINE_AUTHOR = "baseline"
 BUNDLE_AUTHOR = "gqa-prefill-bundle"
 # The CUDA solutions' files (flat, beside each other; attention_kernel.cuh includes the rest).
+TRITON_SOURCES = ("triton_prefill.py", "attention_kernel.py", "ragged_batch.py")
+TILELANG_SOURCES = (
+    "tilelang_prefill.py",
+    "gqa_prefill_kernel.py",
+    "gqa_prefill_steps.py",
+    "gqa_prefill_ws.py",
+    "gqa_prefill_pipelined.py",
+)
 CUDA_SOURCES = (
     "prefill_entry.cu",
     "entry_describe.cuh",
@@ -116,7 +124,7 @@ SOLUTIONS = [
         backend="triton",
         language="triton",
         entry_point="triton_prefill.py::run_padded",
-        sources=("triton_prefill.py", "attention_kernel.py", "ragged_batch.py"),
+        sources=TRITON_SOURCES,
         shared_sources=("arguments.py",),
         description="Triton FlashAttention-2 forward, the 4 query heads of a KV group packed "
         "into one tile, causal tiles skipped or masked only on the diagonal.",
@@ -127,7 +135,7 @@ SOLUTIONS = [
         backend="triton",
         language="triton",
         entry_point="triton_prefill.py::run_ragged",
-        sources=("triton_prefill.py", "attention_kernel.py", "ragged_batch.py"),
+        sources=TRITON_SOURCES,
         shared_sources=("arguments.py",),
         description="Triton FlashAttention-2 forward over a ragged batch: grid sized from "
         "total_q and the batch, sequences found by a binary search over qo_indptr in the kernel.",
@@ -138,13 +146,7 @@ SOLUTIONS = [
         backend="tilelang",
         language="tilelang",
         entry_point="tilelang_prefill.py::run_padded",
-        sources=(
-            "tilelang_prefill.py",
-            "gqa_prefill_kernel.py",
-            "gqa_prefill_steps.py",
-            "gqa_prefill_ws.py",
-            "gqa_prefill_pipelined.py",
-        ),
+        sources=TILELANG_SOURCES,
         shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "
@@ -156,13 +158,7 @@ SOLUTIONS = [
         backend="tilelang",
         language="tilelang",
         entry_point="tilelang_prefill.py::run_ragged",
-        sources=(
-            "tilelang_prefill.py",
-            "gqa_prefill_kernel.py",
-            "gqa_prefill_steps.py",
-            "gqa_prefill_ws.py",
-            "gqa_prefill_pipelined.py",
-        ),
+        sources=TILELANG_SOURCES,
         shared_sources=("arguments.py",),
         dependencies=("tilelang",),
         description="TileLang flash attention for Hopper (TMA, wgmma, warp-specialized "

@@ -21,6 +21,14 @@ anything is launched. The rules:
 - causal: a Python bool or a 0-d bool tensor, checked on every call. sm_scale: a finite real
   number (Python float or int, not bool), checked on every call.
 - All tensors on one CUDA device (a CPU one only where a backend runs interpreted).
+- Paged (gqa_paged_prefill_causal_h32_kv8_d128_ps1 / _ps64): k_cache and v_cache of q's dtype,
+  [num_pages, page_size, 8, 128], dense within a page (strides [page_stride, 1024, 128, 1]) with
+  any page stride that is a multiple of 8 elements and at least a page (a K or V half of
+  FlashInfer's [num_pages, 2, page_size, 8, 128] cache); kv_indices (page ids) int32
+  [num_kv_indices], kv_indptr offsets into it; kv_last_page_len int32 [batch] (page size 64
+  only: the ps1 definition has no such input). Page ids and last-page lengths, like indptr, are
+  read only by the kernels: an id outside [0, num_pages) is never dereferenced and the rows
+  that would see it come back NaN.
 """
 
 from __future__ import annotations
@@ -39,8 +47,12 @@ ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit dtype: the kernels' vector and TMA lo
 VALIDATE = os.environ.get("PREFILL_BUNDLE_VALIDATE", "0") == "1"
 
 PADDED_INPUTS = ("q", "k", "v")
+PAGED_CACHES = ("k_cache", "v_cache")
 RAGGED_NAMES = ("q", "k", "v", "qo_indptr", "kv_indptr", "output", "lse")
 PADDED_NAMES = ("q", "k", "v", "out")
+PAGED_PS64_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
+                    "kv_last_page_len", "output", "lse")  # fmt: skip
+PAGED_PS1_NAMES = tuple(name for name in PAGED_PS64_NAMES if name != "kv_last_page_len")
 
 
 def describe(x) -> str:
@@ -122,6 +134,45 @@ def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
     return batch, total_q, total_kv
 
 
+def check_paged_shapes(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, page_size
+) -> tuple:
+    """Shapes and dtypes of a paged definition (once per shape): (batch, total_q, num_pages,
+    num_kv_indices). kv_last_page_len is None for page size 1 (the ps1 definition has none)."""
+    expect(
+        isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 3
+        and tuple(q.shape[1:]) == (NUM_HEADS, HEAD_DIM),
+        "q", f"bfloat16 or float16 [total_q, {NUM_HEADS}, {HEAD_DIM}]", q,
+    )  # fmt: skip
+    total_q = q.shape[0]
+    cache = (None, page_size, NUM_KV_HEADS, HEAD_DIM)
+    what = f"[num_pages, {page_size}, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)"
+    _expect_tensor(k_cache, "k_cache", q.dtype, cache, what)
+    _expect_tensor(v_cache, "v_cache", q.dtype, cache, what)
+    expect(v_cache.shape == k_cache.shape, "v_cache", f"k_cache's shape {list(k_cache.shape)}",
+           v_cache)  # fmt: skip
+    num_pages = k_cache.shape[0]
+    _expect_tensor(qo_indptr, "qo_indptr", torch.int32, (None,), "[batch + 1]")
+    expect(qo_indptr.shape[0] >= 1, "qo_indptr", "int32 [batch + 1]", qo_indptr)
+    size = qo_indptr.shape[0]
+    _expect_tensor(kv_indptr, "kv_indptr", torch.int32, (size,), f"[{size}] (qo_indptr's shape)")
+    _expect_tensor(kv_indices, "kv_indices", torch.int32, (None,), "[num_kv_indices]")
+    num_kv_indices = kv_indices.shape[0]
+    batch = size - 1
+    if kv_last_page_len is not None:
+        _expect_tensor(kv_last_page_len, "kv_last_page_len", torch.int32, (batch,), f"[{batch}]")
+    if batch == 0 and (total_q > 0 or num_kv_indices > 0):
+        fail(
+            "qo_indptr",
+            f"at least one sequence for {total_q} query rows and {num_kv_indices} pages",
+            describe(qo_indptr),
+        )
+    what = f"{list(q.shape)} (q's dtype and shape)"
+    _expect_tensor(output, "output", q.dtype, tuple(q.shape), what)
+    _expect_tensor(lse, "lse", torch.float32, (total_q, NUM_HEADS), f"[{total_q}, {NUM_HEADS}]")
+    return batch, total_q, num_pages, num_kv_indices
+
+
 def check_causal(causal) -> bool:
     """Every call: a Python bool, or a 0-d bool tensor (read on the host: a sync if on a GPU)."""
     if type(causal) is bool:
@@ -159,15 +210,30 @@ def strides_ok(x: torch.Tensor) -> bool:
     return x.dim() == 3 or x.shape[0] <= 1 or x.shape[1] <= 1 or x.stride(0) == x.shape[1] * step
 
 
+def cache_strides_ok(x: torch.Tensor) -> bool:
+    """A paged cache's layout: dense within a page, a page stride that is a multiple of 8
+    elements and at least one page (pages never overlap)."""
+    page = x.shape[1] * x.shape[2] * x.shape[3]
+    dense = x[0:1].is_contiguous() if x.shape[0] else True
+    return dense and (x.shape[0] <= 1 or x.stride(0) % ALIGN_ELEMENTS == 0 and x.stride(0) >= page)
+
+
 def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
-    """The strides q, k, v must have (part of a launch plan's key: checked once per key), then
-    check_placement."""
+    """The strides q, k, v (or the caches) must have (part of a launch plan's key: checked once
+    per key), then check_placement."""
     for name, x in zip(names, tensors):
         if name in PADDED_INPUTS and not strides_ok(x):
             fail(
                 name,
                 "the last dim contiguous, heads dense and a token stride that is a multiple "
                 f"of {ALIGN_ELEMENTS} elements",
+                f"{describe(x)} with strides {list(x.stride())}",
+            )
+        if name in PAGED_CACHES and not cache_strides_ok(x):
+            fail(
+                name,
+                "pages dense inside and a page stride that is a multiple of "
+                f"{ALIGN_ELEMENTS} elements and at least one page",
                 f"{describe(x)} with strides {list(x.stride())}",
             )
     check_placement(names, tensors, interpreted)
@@ -177,7 +243,7 @@ def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> 
     """Every call: the other tensors contiguous, 16-byte aligned data pointers, one device (a
     GPU unless interpreted)."""
     for name, x in zip(names, tensors):
-        if name not in PADDED_INPUTS and not x.is_contiguous():
+        if name not in PADDED_INPUTS + PAGED_CACHES and not x.is_contiguous():
             fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
         if x.data_ptr() % 16:
             fail(name, "a 16-byte aligned data pointer", hex(x.data_ptr()))
@@ -190,12 +256,14 @@ def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> 
             fail(name, f"a tensor on {first.device} ({names[0]}'s device)", f"one on {x.device}")
 
 
-def check_indptr_values(qo_indptr, kv_indptr, total_q: int, total_kv: int) -> None:
+def check_indptr_values(
+    qo_indptr, kv_indptr, total_q: int, total_kv: int, kv_rows: str = "total_kv"
+) -> None:
     """PREFILL_BUNDLE_VALIDATE=1: both indptr arrays are partitions, 0 = p0 <= ... <= pn = total.
     Names the array and its first bad position. Costs a device-to-host copy (a sync)."""
     for name, indptr, total, rows in (
         ("qo_indptr", qo_indptr, total_q, "total_q"),
-        ("kv_indptr", kv_indptr, total_kv, "total_kv"),
+        ("kv_indptr", kv_indptr, total_kv, kv_rows),
     ):
         values = indptr.tolist()
         expected = f"non-decreasing values from 0 to {rows} = {total}"
@@ -207,6 +275,29 @@ def check_indptr_values(qo_indptr, kv_indptr, total_q: int, total_kv: int) -> No
                 fail(name, expected, got)
         if values[-1] != total:
             fail(name, expected, f"{name}[{len(values) - 1}] = {values[-1]}")
+
+
+def check_paged_values(
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_len, total_q: int, num_pages: int, page_size: int
+) -> None:
+    """PREFILL_BUNDLE_VALIDATE=1: both indptr arrays partitions (kv_indptr of kv_indices), every
+    page id in [0, num_pages), every sequence with pages a last-page length in [1, page_size].
+    Names the array and its first bad position. Costs device-to-host copies (a sync)."""
+    check_indptr_values(qo_indptr, kv_indptr, total_q, kv_indices.shape[0], "num_kv_indices")
+    ids = kv_indices.tolist()
+    for i, page in enumerate(ids):
+        if not 0 <= page < num_pages:
+            fail("kv_indices", f"page ids in [0, {num_pages})", f"kv_indices[{i}] = {page}")
+    if kv_last_page_len is None:
+        return
+    bounds, lengths = kv_indptr.tolist(), kv_last_page_len.tolist()
+    for s, length in enumerate(lengths):
+        if bounds[s + 1] > bounds[s] and not 1 <= length <= page_size:
+            fail(
+                "kv_last_page_len",
+                f"values in [1, {page_size}] for sequences with pages",
+                f"kv_last_page_len[{s}] = {length}",
+            )
 
 
 class PlanCache(OrderedDict):

@@ -7,3 +7,7 @@ OP_TYPE = "gqa_ragged"
 MINI = "mini_flash_attention_prefill"
 RAGGED = "gqa_ragged_prefill_causal_h32_kv8_d128"
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+PAGED_OP_TYPE = "gqa_paged"
+PAGED_PS1 = "gqa_paged_prefill_causal_h32_kv8_d128_ps1"
+PAGED_PS64 = "gqa_paged_prefill_causal_h32_kv8_d128_ps64"
+PAGE_SIZES = {PAGED_PS1: 1, PAGED_PS64: 64}

@@ -1,15 +1,24 @@
-"""The two Definitions of this bundle. Their references live as real files in references/."""
+"""The Definitions of this bundle. Their references live as real files in references/.
+
+The paged definitions are FlashInfer-Trace's (flashinfer-ai/flashinfer-bench at tag v0.1.2,
+flashinfer_trace/definitions/gqa_paged/): flashinfer_trace/ holds them verbatim without their
+reference, which is this project's (references/gqa_paged_prefill_causal_h32_kv8_d128.py: one
+file for both page sizes, its `run` bound per definition).
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from flashinfer_bench import Definition
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, RAGGED
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, PAGE_SIZES, RAGGED
 from .generated import GeneratedFile
 
 REFERENCES_DIR = Path(__file__).parent / "references"
+FLASHINFER_TRACE_DIR = Path(__file__).parent / "flashinfer_trace"
+PAGED_REFERENCE = "gqa_paged_prefill_causal_h32_kv8_d128"
 
 _CONST_AXES = {
     "num_heads": {"type": "const", "value": NUM_HEADS, "description": "Query heads."},
@@ -112,16 +121,30 @@ SPECS = {
 }
 
 
+SPECS.update(
+    {name: json.loads((FLASHINFER_TRACE_DIR / f"{name}.json").read_text()) for name in PAGE_SIZES}
+)
+
+
 def reference_path(name: str) -> Path:
-    return REFERENCES_DIR / f"{name}.py"
+    return REFERENCES_DIR / f"{PAGED_REFERENCE if name in PAGE_SIZES else name}.py"
+
+
+def reference_source(name: str) -> str:
+    source = reference_path(name).read_text()
+    if name in PAGE_SIZES:  # the shared paged reference: this page size's run, by its inputs
+        params = ", ".join(SPECS[name]["inputs"])
+        source += f"\n\ndef run({params}):\n    return run_ps{PAGE_SIZES[name]}({params})\n"
+    return source
 
 
 def build_definition(name: str) -> Definition:
-    return Definition.model_validate({**SPECS[name], "reference": reference_path(name).read_text()})
+    return Definition.model_validate({**SPECS[name], "reference": reference_source(name)})
+
+
+def definition_path(name: str) -> str:
+    return f"definitions/{SPECS[name]['op_type']}/{name}.json"
 
 
 def definition_files() -> list[GeneratedFile]:
-    return [
-        GeneratedFile(f"definitions/{OP_TYPE}/{name}.json", build_definition(name))
-        for name in SPECS
-    ]
+    return [GeneratedFile(definition_path(name), build_definition(name)) for name in SPECS]

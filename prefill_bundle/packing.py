@@ -5,6 +5,8 @@ Python-language solutions of the bundle also embed the shared argument contract
 self-contained while the rules have one source.
 
 A new backend adds its entries to SOLUTIONS; nothing else needs to change.
+The paged definitions' solutions (solutions/gqa_paged/<backend>/*.json) embed the same files as
+the ragged ones: one kernel per backend, K/V loading its policy.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from flashinfer_bench import Solution
 
-from . import MINI, OP_TYPE, RAGGED, REPO_ROOT
+from . import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
+from .definitions import SPECS as DEFINITION_SPECS
 from .generated import GeneratedFile
 
 BASELINE_AUTHOR = "baseline"
@@ -63,11 +66,14 @@ class SolutionSpec:
 
     @property
     def folder(self):
+        """Where the sources are: one folder per backend serves every definition (the paged
+        solutions are the ragged kernels with a paged K/V loader)."""
         return REPO_ROOT / "solutions" / OP_TYPE / self.backend
 
     @property
     def json_path(self) -> str:
-        return f"solutions/{OP_TYPE}/{self.backend}/{self.name}.json"
+        op_type = DEFINITION_SPECS[self.definition]["op_type"]
+        return f"solutions/{op_type}/{self.backend}/{self.name}.json"
 
 
 _FLASHINFER = dict(
@@ -191,6 +197,76 @@ SOLUTIONS = [
         "(no host sync), sequences found by a binary search over qo_indptr in the kernel, a "
         "persistent grid drawing items from a per-stream counter; writes the base-2 "
         "log-sum-exp.",
+    ),
+]
+
+
+def _paged(backend: str, language: str, entry_file: str, sources: tuple, description: str, **kw):
+    """The two paged solutions of a backend (page sizes 1 and 64), one entry point each."""
+    return [
+        SolutionSpec(
+            name=f"{backend}_paged_ps{page_size}",
+            definition=definition,
+            backend=backend,
+            language=language,
+            entry_point=f"{entry_file}::run_paged_ps{page_size}",
+            sources=sources,
+            description=description.format(page_size=page_size),
+            **kw,
+        )
+        for page_size, definition in ((1, PAGED_PS1), (64, PAGED_PS64))
+    ]
+
+
+SOLUTIONS += [
+    *_paged(
+        "flashinfer",
+        "python",
+        "flashinfer_prefill.py",
+        ("flashinfer_prefill.py",),
+        "Baseline: FlashInfer BatchPrefillWithPagedKVCacheWrapper (fa3 on Hopper), page size "
+        "{page_size}, causal, plan cached per shape as for ragged.",
+        author=BASELINE_AUTHOR,
+        dependencies=("flashinfer-python",),
+    ),
+    *_paged(
+        "sdpa",
+        "python",
+        "sdpa_prefill.py",
+        ("sdpa_prefill.py",),
+        "Baseline: each sequence's K/V gathered from the pages (page size {page_size}) into a "
+        "ragged batch, then the varlen FlashAttention kernel behind torch SDPA.",
+        author=BASELINE_AUTHOR,
+        destination_passing_style=False,
+    ),
+    *_paged(
+        "triton",
+        "triton",
+        "triton_prefill.py",
+        TRITON_SOURCES,
+        "Triton flash attention forward over a paged KV cache (page size {page_size}): the "
+        "ragged kernel with page-table lookups in its K/V loads.",
+        shared_sources=("arguments.py",),
+    ),
+    *_paged(
+        "tilelang",
+        "tilelang",
+        "tilelang_prefill.py",
+        TILELANG_SOURCES,
+        "TileLang flash attention for Hopper over a paged KV cache (page size {page_size}): the "
+        "ragged warp-specialized program with a paged K/V load step.",
+        shared_sources=("arguments.py",),
+        dependencies=("tilelang",),
+    ),
+    *_paged(
+        "cuda",
+        "cuda",
+        "prefill_entry.cu",
+        CUDA_SOURCES,
+        "CUDA C++ flash attention forward over a paged KV cache (page size {page_size}): the "
+        "ragged kernels with a paged K/V loader (sm_90a: TMA per page of 64, a cp.async gather "
+        "for page size 1).",
+        binding="tvm-ffi",
     ),
 ]
 

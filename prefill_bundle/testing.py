@@ -14,8 +14,9 @@ import torch
 from flashinfer_bench import Definition, Solution
 from flashinfer_bench.compile import BuilderRegistry
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, RAGGED, REPO_ROOT
-from .workloads import MINI_SHAPES, RAGGED_BATCHES, lengths_to_indptr
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
+from .definitions import definition_path
+from .workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, PagedBatch, lengths_to_indptr
 
 ATOL = RTOL = 1e-2
 # Normwise relative error allowed per output dtype. bf16 keeps 8 bits of mantissa against fp16's
@@ -95,6 +96,68 @@ GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
 ]
 
 
+@dataclass(frozen=True)
+class PagedCase:
+    """A batch over a paged cache (workloads.PagedBatch's allocator: shuffled pages, spare
+    pages, shared_prefix tokens shared page for page). Unused cache slots are NaN."""
+
+    q_lens: tuple
+    kv_lens: tuple
+    page_size: int
+    dtype: torch.dtype = torch.bfloat16
+    shared_prefix: tuple = ()
+    sm_scale: float = 1.0 / math.sqrt(HEAD_DIM)
+
+    @property
+    def definition(self) -> str:
+        return PAGED_PS1 if self.page_size == 1 else PAGED_PS64
+
+    @property
+    def batch(self) -> PagedBatch:
+        return PagedBatch("case", self.q_lens, self.kv_lens, self.shared_prefix)
+
+    @property
+    def id(self) -> str:
+        pairs = "_".join(f"{q}x{kv}" for q, kv in zip(self.q_lens, self.kv_lens))
+        shared = "_shared" if self.shared_prefix else ""
+        scale = "" if self.sm_scale == 1.0 / math.sqrt(HEAD_DIM) else f"_scale{self.sm_scale:g}"
+        return f"paged{self.page_size}_{pairs[:60]}{shared}_{str(self.dtype)[6:]}{scale}"
+
+
+CPU_PAGED_CASES = [
+    PagedCase((1,), (1,), 1),
+    PagedCase((1,), (1,), 64),  # last page length 1
+    PagedCase((7, 0, 33), (7, 0, 40), 64),  # an empty sequence (no pages)
+    PagedCase((16, 5), (16, 0), 64),  # queries without keys
+    PagedCase((45, 20), (12, 70), 1),  # seq_q > seq_kv, then seq_q < seq_kv
+    # Shared prefix pages; last pages of 1, 64 (full) and 1 tokens.
+    PagedCase((20, 20, 5), (129, 128, 65), 64, shared_prefix=(64, 64, 0)),
+    PagedCase((9, 20, 3), (40, 33, 40), 1, torch.float16, shared_prefix=(30, 0, 30)),
+    PagedCase((65, 1, 17), (130, 1, 17), 64, torch.float16),
+    PagedCase((9, 20), (9, 33), 64, sm_scale=-0.3),
+]
+GPU_PAGED_CASES = (
+    [
+        PagedCase(b.q_lens, b.kv_lens, page_size, shared_prefix=b.shared_prefix)
+        for b in PAGED_BATCHES
+        for page_size in (1, 64)
+    ]
+    + [
+        PagedCase((1000, 0, 77), (300, 0, 77), page_size)  # 700 rows see no key
+        for page_size in (1, 64)
+    ]
+    + [
+        PagedCase((129, 3, 511), (257, 0, 2049), 64, shared_prefix=(128, 0, 128)),
+        PagedCase((4500, 37), (3000, 4000), 64),
+        PagedCase((4500, 37), (3000, 4000), 1),
+        PagedCase((100, 200, 64), (500, 400, 64), 64, torch.float16),
+        PagedCase((100, 200, 1), (500, 401, 64), 1, torch.float16, shared_prefix=(400, 400, 0)),
+        PagedCase((2048,), (32768,), 64, torch.float16),
+        PagedCase((100, 37), (100, 300), 64, sm_scale=0.0),
+    ]
+)
+
+
 # q, k, v sliced out of one fused QKV projection (or padded to its token stride).
 CPU_FUSED_CASES = [
     PaddedCase(2, 37, 37, True),
@@ -119,6 +182,8 @@ def make_inputs(case, device, seed: int = 0) -> list:
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=case.dtype)
 
+    if isinstance(case, PagedCase):
+        return paged_inputs(case, device, randn)
     if isinstance(case, PaddedCase):
         q = randn(case.batch, case.seq_q, NUM_HEADS, HEAD_DIM)
         k = randn(case.batch, case.seq_kv, NUM_KV_HEADS, HEAD_DIM)
@@ -135,9 +200,29 @@ def make_inputs(case, device, seed: int = 0) -> list:
     ]
 
 
+def paged_inputs(case: PagedCase, device, randn) -> list:
+    """q, the caches (NaN in every slot no sequence owns: past each last page's length, and the
+    spare pages), the page table, then kv_last_page_len for page size 64, and sm_scale."""
+    table = case.batch.page_table(case.page_size)
+    shape = (table["num_pages"], case.page_size, NUM_KV_HEADS, HEAD_DIM)
+    q, k_cache, v_cache = randn(sum(case.q_lens), NUM_HEADS, HEAD_DIM), randn(*shape), randn(*shape)
+    owned = torch.zeros(shape[:2], dtype=torch.bool)
+    kv_indptr, kv_indices = table["kv_indptr"].tolist(), table["kv_indices"].tolist()
+    for s, kv_len in enumerate(case.kv_lens):
+        for i, page in enumerate(kv_indices[kv_indptr[s] : kv_indptr[s + 1]]):
+            owned[page, : min(case.page_size, kv_len - i * case.page_size)] = True
+    for cache in (k_cache, v_cache):
+        cache[~owned.to(device)] = float("nan")
+    inputs = [q, k_cache, v_cache] + [table[k].to(device) for k in ("qo_indptr", "kv_indptr",
+                                                                    "kv_indices")]  # fmt: skip
+    if case.page_size > 1:
+        inputs.append(table["kv_last_page_len"].to(device))
+    return inputs + [case.sm_scale]
+
+
 @lru_cache(maxsize=None)
 def load_definition(name: str) -> Definition:
-    path = REPO_ROOT / "definitions" / OP_TYPE / f"{name}.json"
+    path = REPO_ROOT / definition_path(name)
     return Definition.model_validate_json(path.read_text())
 
 

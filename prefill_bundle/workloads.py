@@ -16,7 +16,7 @@ import torch
 from flashinfer_bench import Trace
 from safetensors.torch import save
 
-from . import HEAD_DIM, MINI, OP_TYPE, RAGGED
+from . import HEAD_DIM, MINI, OP_TYPE, PAGE_SIZES, PAGED_OP_TYPE, RAGGED
 from .generated import GeneratedFile
 
 
@@ -144,10 +144,124 @@ def ragged_blob(batch: RaggedBatch) -> bytes:
     return save({"qo_indptr": batch.qo_indptr, "kv_indptr": batch.kv_indptr})
 
 
+# ---- Paged KV cache: page tables as a serving engine's allocator hands them out ---------------
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """A batch over a paged cache. Sequence s has q_lens[s] new tokens and kv_lens[s] tokens in
+    the cache (its new ones last); the first shared_prefix[s] of them are a prefix that every
+    sequence with the same shared_prefix value shares page for page (a prefix-cache hit; whole
+    pages only). Pages come from a shuffled pool with spare_pages never listed."""
+
+    name: str
+    q_lens: tuple
+    kv_lens: tuple
+    shared_prefix: tuple = ()  # per sequence; () for none
+    spare_pages: int = 3
+    seed: int = 0
+
+    def page_table(self, page_size: int) -> dict:
+        """qo_indptr, kv_indptr, kv_indices, kv_last_page_len and num_pages."""
+        gen = torch.Generator().manual_seed(self.seed)
+        prefixes = self.shared_prefix or (0,) * len(self.kv_lens)
+        shared_pages = {p: p // page_size for p in set(prefixes) if p}
+        pages_needed = [-(-kv // page_size) for kv in self.kv_lens]
+        own = [n - shared_pages.get(p, 0) for n, p in zip(pages_needed, prefixes)]
+        num_pages = sum(shared_pages.values()) + sum(own) + self.spare_pages
+        pool = iter(torch.randperm(num_pages, generator=gen).tolist())
+        shared_ids = {p: [next(pool) for _ in range(n)] for p, n in shared_pages.items()}
+        indices, last_lens = [], []
+        for kv_len, prefix, n_own in zip(self.kv_lens, prefixes, own):
+            indices += shared_ids.get(prefix, []) + [next(pool) for _ in range(n_own)]
+            last_lens.append(kv_len - (-(-kv_len // page_size) - 1) * page_size if kv_len else 1)
+        return {
+            "qo_indptr": lengths_to_indptr(self.q_lens),
+            "kv_indptr": lengths_to_indptr(pages_needed),
+            "kv_indices": torch.tensor(indices, dtype=torch.int32),
+            "kv_last_page_len": torch.tensor(last_lens, dtype=torch.int32),
+            "num_pages": num_pages,
+        }
+
+
+_HISTORIES = _seeded_lengths(8, 0, 700, seed=8)  # each conversation's own earlier turns
+_SYSTEM_PROMPT = 4096
+_HITS = tuple(_SYSTEM_PROMPT + h + 256 for h in _HISTORIES)
+
+PAGED_BATCHES = [
+    # Prefix-cache hits: 8 conversations share a 4096-token system prompt's pages; each adds its
+    # own cached turns and a 256-token new message.
+    PagedBatch("prefix_cache_hits_8x256", (256,) * 8, _HITS, (_SYSTEM_PROMPT,) * 8),
+    # Chunked prefill of long prompts: one 2K chunk over its cached context.
+    PagedBatch("chunked_prefill_2k_over_8k", (2048,), (8131,)),
+    PagedBatch("chunked_prefill_2k_over_32k", (2048,), (32611,)),
+    PagedBatch("chunked_prefill_4x2k_over_16k", (2048,) * 4, (16000, 16384, 15000, 12345)),
+    # Fresh prompts: nothing cached, the new tokens are the whole context.
+    PagedBatch("fresh_prompts_4x1k_3k", _LONG_PROMPTS, _LONG_PROMPTS),
+    PagedBatch("fresh_prompt_8k", (8192,), (8192,)),
+    # One new token per sequence over long contexts (speculative or multi-turn tails).
+    PagedBatch("single_token_rows_16", (1,) * 16, _seeded_lengths(16, 4000, 16000, seed=16)),
+    # What a serving step mixes: fresh prompts, prefix hits, a chunk, single tokens.
+    PagedBatch(
+        "mixed_batch",
+        (300, 128, 2048, 1, 37, 128),
+        (300, _SYSTEM_PROMPT + 500, 8131, 6000, 37, _SYSTEM_PROMPT + 128),
+        (0, _SYSTEM_PROMPT, 0, 0, 0, _SYSTEM_PROMPT),
+    ),
+]
+
+
+def paged_blob_path(batch: PagedBatch, definition: str) -> str:
+    return f"blob/workloads/{PAGED_OP_TYPE}/{definition}/{batch.name}.safetensors"
+
+
+def paged_trace(batch: PagedBatch, definition: str) -> Trace:
+    page_size = PAGE_SIZES[definition]
+    table = batch.page_table(page_size)
+    path = paged_blob_path(batch, definition)
+    axes = {
+        "len_indptr": len(batch.q_lens) + 1,
+        "total_q": sum(batch.q_lens),
+        "num_kv_indices": len(table["kv_indices"]),
+        "num_pages": table["num_pages"],
+    }
+    blob_keys = ["qo_indptr", "kv_indptr", "kv_indices"]
+    if page_size > 1:  # only the page size 64 definition takes kv_last_page_len
+        axes["batch_size"] = len(batch.q_lens)
+        blob_keys.append("kv_last_page_len")
+    inputs = {"q": {"type": "random"}, "k_cache": {"type": "random"}, "v_cache": {"type": "random"}}
+    for key in blob_keys:
+        inputs[key] = {"type": "safetensors", "path": path, "tensor_key": key}
+    inputs["sm_scale"] = {"type": "scalar", "value": 1.0 / math.sqrt(HEAD_DIM)}
+    return Trace.model_validate(
+        {"definition": definition, "workload": {"uuid": batch.name, "axes": axes, "inputs": inputs}}
+    )
+
+
+def paged_blob(batch: PagedBatch, definition: str) -> bytes:
+    table = batch.page_table(PAGE_SIZES[definition])
+    keys = ["qo_indptr", "kv_indptr", "kv_indices"]
+    if PAGE_SIZES[definition] > 1:
+        keys.append("kv_last_page_len")
+    return save({key: table[key] for key in keys})
+
+
+def paged_workload_files() -> list[GeneratedFile]:
+    files = []
+    for definition in PAGE_SIZES:
+        traces = [paged_trace(b, definition) for b in PAGED_BATCHES]
+        files.append(GeneratedFile(f"workloads/{PAGED_OP_TYPE}/{definition}.jsonl", traces))
+        files += [
+            GeneratedFile(paged_blob_path(b, definition), paged_blob(b, definition))
+            for b in PAGED_BATCHES
+        ]
+    return files
+
+
 def workload_files() -> list[GeneratedFile]:
-    for batch in RAGGED_BATCHES:
+    for batch in RAGGED_BATCHES + PAGED_BATCHES:
         check_every_row_sees_a_key(batch)
-    return [
+    return paged_workload_files() + [
         GeneratedFile(f"workloads/{OP_TYPE}/{MINI}.jsonl", [mini_trace(s) for s in MINI_SHAPES]),
         GeneratedFile(
             f"workloads/{OP_TYPE}/{RAGGED}.jsonl", [ragged_trace(b) for b in RAGGED_BATCHES]

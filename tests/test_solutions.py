@@ -13,9 +13,11 @@ from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.testing import (
     CPU_FUSED_CASES,
     CPU_PADDED_CASES,
+    CPU_PAGED_CASES,
     CPU_RAGGED_CASES,
     GPU_FUSED_CASES,
     GPU_PADDED_CASES,
+    GPU_PAGED_CASES,
     GPU_RAGGED_CASES,
     PaddedCase,
     RaggedCase,
@@ -63,6 +65,12 @@ def test_padded(solution, case):
 
 @pytest.mark.parametrize("solution,case", matrix(CPU_RAGGED_CASES, GPU_RAGGED_CASES))
 def test_ragged(solution, case):
+    check_against_reference(solution, case)
+
+
+@pytest.mark.parametrize("solution,case", matrix(CPU_PAGED_CASES, GPU_PAGED_CASES))
+def test_paged(solution, case):
+    """Shuffled and shared pages, partly filled last pages, NaN in every unused cache slot."""
     check_against_reference(solution, case)
 
 

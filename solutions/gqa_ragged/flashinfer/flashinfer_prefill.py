@@ -6,10 +6,15 @@ its cache is exact. The ragged definition's plan depends on the indptr values, w
 sync could read: its cache is keyed on (total_q, total_kv, batch), so two batches with the same
 totals but different lengths would share a plan. That is fine for benchmarking a workload whose
 lengths are fixed; serve ragged batches through FlashInfer's own plan()/run() instead.
+
+The paged definitions run BatchPrefillWithPagedKVCacheWrapper the same way (causal, NHD, plan
+cached per shape). Its plan keeps the index tensors it was given and its run reads them, so
+every call points the planned wrapper at that call's tensors (flashinfer-bench clones the inputs
+before every timed call: the planned ones would be stale).
 """
 
 import torch
-from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
+from flashinfer import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 _WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
@@ -21,14 +26,18 @@ def _backend(device: torch.device) -> str:
     return "fa3" if torch.cuda.get_device_capability(device)[0] == 9 else "fa2"
 
 
+def _workspace(device: torch.device) -> torch.Tensor:
+    if device not in _workspaces:
+        _workspaces[device] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _workspaces[device]
+
+
 def _planned_wrapper(key, qo_indptr, kv_indptr, causal, sm_scale, dtype):
     wrapper = _planned.get(key)
     if wrapper is None:
         device = qo_indptr.device
-        if device not in _workspaces:
-            _workspaces[device] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         wrapper = BatchPrefillWithRaggedKVCacheWrapper(
-            _workspaces[device], "NHD", backend=_backend(device)
+            _workspace(device), "NHD", backend=_backend(device)
         )
         wrapper.plan(
             qo_indptr,
@@ -68,3 +77,55 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     key = ("ragged", q.shape[0], k.shape[0], qo_indptr.shape[0], float(sm_scale), q.dtype, q.device)
     wrapper = _planned_wrapper(key, qo_indptr, kv_indptr, True, float(sm_scale), q.dtype)
     wrapper.run(q, k, v, out=output, lse=lse, return_lse=True)
+
+
+def _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last_page_len, sm_scale,
+               output, lse):  # fmt: skip
+    page_size = k_cache.shape[1]
+    key = ("paged", page_size, q.shape[0], kv_indices.shape[0], qo_indptr.shape[0],
+           float(sm_scale), q.dtype, q.device)  # fmt: skip
+    wrapper = _planned.get(key)
+    if wrapper is None:
+        wrapper = BatchPrefillWithPagedKVCacheWrapper(
+            _workspace(q.device), "NHD", backend=_backend(q.device)
+        )
+        wrapper.plan(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            last_page_len,
+            NUM_HEADS,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            page_size,
+            causal=True,
+            sm_scale=float(sm_scale),
+            q_data_type=q.dtype,
+            kv_data_type=k_cache.dtype,
+            o_data_type=q.dtype,
+        )
+        _planned[key] = wrapper
+    # What plan() does with device tensors (.to() returns them): keep this call's.
+    wrapper._qo_indptr_buf = qo_indptr
+    wrapper._paged_kv_indptr_buf = kv_indptr
+    wrapper._paged_kv_indices_buf = kv_indices
+    wrapper._paged_kv_last_page_len_buf = last_page_len
+    wrapper.run(q, (k_cache, v_cache), out=output, lse=lse, return_lse=True)
+
+
+def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                   sm_scale, output, lse):  # fmt: skip
+    _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+               output, lse)  # fmt: skip
+
+
+_ones = {}
+
+
+def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
+    """Page size 1 has no last-page lengths in its definition: every last page holds 1 token."""
+    batch = qo_indptr.shape[0] - 1
+    if (batch, q.device) not in _ones:
+        _ones[batch, q.device] = torch.ones(batch, dtype=torch.int32, device=q.device)
+    _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, _ones[batch, q.device],
+               sm_scale, output, lse)  # fmt: skip

@@ -8,6 +8,10 @@ log-sum-exp, which SDPA does not return: it calls the varlen FlashAttention kern
 (aten._flash_attention_forward, bottom-right causal, GQA native), which needs the longest lengths
 on the host, one small device-to-host copy per call. Both return their outputs (no out= in SDPA,
 so destination passing would cost an extra copy).
+
+The paged definitions gather each sequence's K/V out of the pages into a ragged batch (torch
+indexing; the token map needs the lengths on the host, one more small copy), then run the
+ragged path.
 """
 
 import math
@@ -62,3 +66,31 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale):
         seq = torch.searchsorted(qo_indptr, rows, right=True) - 1
         lse = lse[seq, :, rows - qo_indptr[seq]]
     return output, lse * _LOG2_E
+
+
+def _gather_paged(cache, kv_indptr, kv_indices, last_page_len):
+    """[total_kv, 8, 128]: every sequence's tokens in order, pages cut at their last length;
+    and the token kv_indptr."""
+    page_size = cache.shape[1]
+    pages = kv_indptr.diff()
+    kv_lens = torch.where(pages > 0, (pages - 1) * page_size + last_page_len, 0)
+    token_indptr = torch.zeros_like(kv_indptr)
+    token_indptr[1:] = kv_lens.cumsum(0)
+    total_kv = int(token_indptr[-1])
+    token = torch.arange(total_kv, device=cache.device)
+    seq = torch.searchsorted(token_indptr, token, right=True) - 1
+    within = token - token_indptr[seq]
+    page = kv_indices[kv_indptr[seq] + within // page_size].long()
+    return cache[page, within % page_size], token_indptr
+
+
+def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                   sm_scale):  # fmt: skip
+    k, kv_tokens = _gather_paged(k_cache, kv_indptr, kv_indices, kv_last_page_len)
+    v, _ = _gather_paged(v_cache, kv_indptr, kv_indices, kv_last_page_len)
+    return run_ragged(q, k, v, qo_indptr, kv_tokens, sm_scale)
+
+
+def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
+    k, v = k_cache[kv_indices.long(), 0], v_cache[kv_indices.long(), 0]
+    return run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale)

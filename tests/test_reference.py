@@ -5,8 +5,15 @@ import math
 import pytest
 import torch
 
-from prefill_bundle import MINI, RAGGED
-from prefill_bundle.testing import PaddedCase, RaggedCase, load_definition, make_inputs, reference
+from prefill_bundle import MINI, PAGED_PS1, PAGED_PS64, RAGGED
+from prefill_bundle.testing import (
+    PaddedCase,
+    PagedCase,
+    RaggedCase,
+    load_definition,
+    make_inputs,
+    reference,
+)
 
 
 def attention_fp64(q, k, v, q_lens, kv_lens, scale, causal):
@@ -163,3 +170,62 @@ def test_references_reject_bad_arguments_by_name(definition, position, bad, argu
     inputs[position] = bad
     with pytest.raises(ValueError, match=rf"^{argument}: expected"):
         reference(definition)(*inputs)
+
+
+# ---- Paged definitions ---------------------------------------------------------------------
+
+PAGED_CASES = [
+    PagedCase((1,), (1,), 1),
+    PagedCase((4, 0, 11), (4, 0, 70), 64),  # a sequence with no pages; last page of 6
+    PagedCase((3, 8), (10, 2), 1),  # seq_q < seq_kv, then seq_q > seq_kv
+    PagedCase((5, 2, 9), (129, 128, 65), 64, shared_prefix=(64, 64, 0)),  # last pages 1, 64, 1
+    PagedCase((6, 2), (40, 33), 1, torch.float16, shared_prefix=(30, 30)),
+]
+
+
+def gathered_fp64(case, inputs):
+    """The sequences' keys and values token by token (key j on page ids[j // page_size], slot
+    j % page_size), then the fp64 attention."""
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
+    rows = []
+    for s, kv_len in enumerate(case.kv_lens):
+        ids = kv_indices[kv_indptr[s] : kv_indptr[s + 1]].tolist()
+        rows += [(ids[j // case.page_size], j % case.page_size) for j in range(kv_len)]
+    k = torch.stack([k_cache[p, t] for p, t in rows]) if rows else k_cache[:0, 0]
+    v = torch.stack([v_cache[p, t] for p, t in rows]) if rows else v_cache[:0, 0]
+    return attention_fp64(q, k, v, case.q_lens, case.kv_lens, inputs[-1], True)
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: c.id)
+def test_paged_reference_matches_fp64_on_gathered_pages(case):
+    inputs = make_inputs(case, "cpu", seed=7)
+    assert inputs[1].isnan().any()  # unused slots are NaN: the reference must not read them
+    output, lse = reference(case.definition)(*inputs)
+    want_out, want_lse = gathered_fp64(case, inputs)
+    assert output.dtype == case.dtype and lse.dtype == torch.float32
+    torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_definitions_take_flashinfer_traces_inputs():
+    """ps64 has kv_last_page_len, ps1 none (as FlashInfer-Trace v0.1.2 defines them)."""
+    common = ["q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices"]
+    assert list(load_definition(PAGED_PS1).inputs) == common + ["sm_scale"]
+    assert list(load_definition(PAGED_PS64).inputs) == common + ["kv_last_page_len", "sm_scale"]
+
+
+@pytest.mark.parametrize(
+    "position, bad, argument",
+    [
+        (5, torch.tensor([0, 1, 99], dtype=torch.int32), "kv_indices"),
+        (6, torch.tensor([1, 65], dtype=torch.int32), "kv_last_page_len"),
+        (6, torch.tensor([0, 3], dtype=torch.int32), "kv_last_page_len"),
+        (4, torch.tensor([0, 2, 1], dtype=torch.int32), "kv_indptr"),
+    ],
+)
+def test_paged_reference_rejects_bad_page_tables_by_name(position, bad, argument):
+    inputs = make_inputs(PagedCase((2, 3), (64, 70), 64), "cpu")  # pages: 1 and 2
+    inputs[position] = bad
+    with pytest.raises(ValueError, match=rf"^{argument}: expected"):
+        reference(PAGED_PS64)(*inputs)

@@ -234,7 +234,10 @@ def paged_trace(batch: PagedBatch, definition: str) -> Trace:
         inputs[key] = {"type": "safetensors", "path": path, "tensor_key": key}
     inputs["sm_scale"] = {"type": "scalar", "value": 1.0 / math.sqrt(HEAD_DIM)}
     return Trace.model_validate(
-        {"definition": definition, "workload": {"uuid": batch.name, "axes": axes, "inputs": inputs}}
+        {
+            "definition": definition,
+            "workload": {"uuid": f"{batch.name}_ps{page_size}", "axes": axes, "inputs": inputs},
+        }
     )
 
 

@@ -1,14 +1,17 @@
 """Every JSON file loads through flashinfer-bench's own models; workloads and blobs are coherent;
 generated files are in sync with their sources."""
 
+import json
+
 import torch
 from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
-from prefill_bundle import MINI, RAGGED, REPO_ROOT
+from prefill_bundle import MINI, PAGE_SIZES, RAGGED, REPO_ROOT
 from prefill_bundle.dataset import out_of_sync
+from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.workloads import MINI_SHAPES, RAGGED_BATCHES
+from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES
 
 
 def load():
@@ -17,7 +20,7 @@ def load():
 
 def test_trace_set_loads_definitions_solutions_workloads():
     ts = load()
-    assert set(ts.definitions) == {MINI, RAGGED}
+    assert set(ts.definitions) == {MINI, RAGGED, *PAGE_SIZES}
     assert {s.name for sols in ts.solutions.values() for s in sols} == {s.name for s in SOLUTIONS}
     for name, sols in ts.solutions.items():
         assert name in ts.definitions
@@ -25,6 +28,15 @@ def test_trace_set_loads_definitions_solutions_workloads():
             assert sol.get_entry_source() is not None
     assert len(ts.workloads[MINI]) == len(MINI_SHAPES) == 7
     assert len(ts.workloads[RAGGED]) == len(RAGGED_BATCHES)
+    for name in PAGE_SIZES:
+        assert len(ts.workloads[name]) == len(PAGED_BATCHES)
+
+
+def test_paged_definitions_are_flashinfer_traces_but_for_the_reference():
+    for name in PAGE_SIZES:
+        ours = json.loads((REPO_ROOT / "definitions" / "gqa_paged" / f"{name}.json").read_text())
+        ours.pop("reference")
+        assert ours == json.loads((FLASHINFER_TRACE_DIR / f"{name}.json").read_text())
 
 
 def test_every_trace_refers_to_known_definition_and_solution():
@@ -62,6 +74,38 @@ def test_ragged_blobs_agree_with_axes_and_constraints():
         q_lens, kv_lens = qo.diff(), kv.diff()
         # flashinfer-bench judges any inf as wrong: every query row must see a key (causal).
         assert torch.all((q_lens == 0) | (kv_lens >= q_lens)), trace.workload.uuid
+
+
+def test_paged_blobs_are_page_tables_of_the_axes():
+    """indptr partitions, page ids in range, last pages in [1, page_size], every row sees a key,
+    and the allocator's properties: shuffled pages, shared prefix pages, partly filled pages."""
+    ts = load()
+    for name, page_size in PAGE_SIZES.items():
+        partial_last_pages = 0
+        for trace in ts.workloads[name]:
+            axes, inputs = trace.workload.axes, trace.workload.inputs
+            t = {
+                key: load_file(str(REPO_ROOT / spec.path))[spec.tensor_key]
+                for key, spec in inputs.items()
+                if spec.type == "safetensors"
+            }
+            qo, kv, ids = t["qo_indptr"], t["kv_indptr"], t["kv_indices"]
+            assert qo[0] == 0 and qo[-1] == axes["total_q"] and torch.all(qo.diff() >= 0)
+            assert kv[0] == 0 and kv[-1] == axes["num_kv_indices"] == len(ids)
+            assert torch.all(kv.diff() >= 1)  # every workload sequence has pages
+            assert ids.min() >= 0 and ids.max() < axes["num_pages"]
+            last = t.get("kv_last_page_len", torch.ones(len(qo) - 1, dtype=torch.int32))
+            assert torch.all((last >= 1) & (last <= page_size))
+            partial_last_pages += int((last < page_size).sum())
+            kv_lens = (kv.diff() - 1) * page_size + last
+            assert torch.all(kv_lens >= qo.diff()), trace.workload.uuid  # no keyless row
+            assert not torch.equal(ids, ids.sort().values)  # shuffled
+        assert partial_last_pages > 0 or page_size == 1
+    shared = ts.workloads["gqa_paged_prefill_causal_h32_kv8_d128_ps64"][0]
+    assert shared.workload.uuid == "prefix_cache_hits_8x256_ps64"
+    spec = shared.workload.inputs["kv_indices"]
+    ids = load_file(str(REPO_ROOT / spec.path))["kv_indices"]
+    assert len(set(ids.tolist())) < len(ids)  # the system prompt's pages are shared
 
 
 def test_workload_uuids_are_unique():

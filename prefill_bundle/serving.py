@@ -20,6 +20,11 @@ Three things stock apply lacks for this op:
   workloads); a bucket without traces goes to the definition's best (on_miss_policy).
 - A solution that fails to build raises inside apply: enable_bundle_apply builds every solution
   up front and drops the ones that fail, so their buckets go to the next best solution.
+- flashinfer-bench's adapter for BatchPrefillWithPagedKVCacheWrapper calls apply with
+  (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, page_size): no
+  kv_last_page_len, which FlashInfer-Trace's page size 64 definition needs, and a page_size no
+  paged definition takes. The bundle installs its own adapter for that wrapper first
+  (flashinfer_adapter.py), which calls apply with each definition's own arguments.
 - A call the chosen solution cannot take (another dtype, a layout it does not address, an
   indptr that is not a tensor) raises from it, where the user's own function would have
   served it: BundleApplyRuntime sends such a call to the fallback instead, with a warning the
@@ -38,7 +43,8 @@ from flashinfer_bench.apply.key import ApplyKey, ApplyKeyBuilder, ApplyKeyFactor
 from flashinfer_bench.apply.table import ApplyTable, _apply_table_dir
 from flashinfer_bench.compile import BuilderRegistry
 
-from . import OP_TYPE, REPO_ROOT
+from . import OP_TYPE, PAGED_OP_TYPE, REPO_ROOT
+from .flashinfer_adapter import install_paged_prefill_adapter
 from .packing import BASELINE_AUTHOR
 
 logger = logging.getLogger(__name__)
@@ -58,11 +64,15 @@ def pow2_bucket(n: int) -> int:
 class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
     """Key = powers of two of (batch or sequences, query tokens, key tokens) and causal.
 
-    Keys are memoised per raw shape so that a call pays a dict lookup, not a pydantic model."""
+    Paged definitions count key tokens as pages x page size (the last pages' fill would need a
+    host read). Keys are memoised per raw shape so that a call pays a dict lookup, not a
+    pydantic model."""
 
     def __init__(self, definition) -> None:
         super().__init__(definition)
         self._padded = "batch" in definition.var_axes
+        page_size = definition.axes.get("page_size")
+        self._page_size = page_size.value if page_size is not None else 0
         self._names = ("batch", "seq_q", "seq_kv") if self._padded else ("seqs", "q", "kv")
         self._memo: dict = {}
 
@@ -71,6 +81,8 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
         try:
             if self._padded:
                 raw = (q.shape[0], q.shape[1], k.shape[1], bool(args[3]))
+            elif self._page_size:
+                raw = (args[3].shape[0] - 1, q.shape[0], args[5].shape[0] * self._page_size, True)
             else:
                 raw = (args[3].shape[0] - 1, q.shape[0], k.shape[0], True)
         except (AttributeError, IndexError, TypeError, RuntimeError):
@@ -87,6 +99,9 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
         if self._padded:
             causal = bool(workload.inputs["causal"].value)
             return self._key(axes["batch"], axes["seq_q"], axes["seq_kv"], causal)
+        if self._page_size:
+            kv_tokens = axes["num_kv_indices"] * self._page_size
+            return self._key(axes["len_indptr"] - 1, axes["total_q"], kv_tokens, True)
         return self._key(axes["len_indptr"] - 1, axes["total_q"], axes["total_kv"], True)
 
     def features(self, args):
@@ -99,6 +114,7 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
 
 UNSERVABLE_KEY = ApplyKey(axes=(), feats=(("unservable", True),))
 ApplyKeyFactory.register(OP_TYPE, BucketedPrefillKeyBuilder)
+ApplyKeyFactory.register(PAGED_OP_TYPE, BucketedPrefillKeyBuilder)
 
 
 class BundleApplyRuntime(ApplyRuntime):
@@ -107,6 +123,7 @@ class BundleApplyRuntime(ApplyRuntime):
     sends the call to the fallback, with a warning the first time per definition and argument."""
 
     def __init__(self, *args, **kwargs) -> None:
+        install_paged_prefill_adapter()  # before flashinfer-bench's, which would then skip
         super().__init__(*args, **kwargs)
         self.refusals: dict = {}  # (definition, argument) -> first message, for the warning
 

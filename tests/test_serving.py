@@ -10,7 +10,7 @@ import torch
 from flashinfer_bench import TraceSet
 from flashinfer_bench.apply import ApplyConfig, ApplyRuntime, apply, disable_apply
 
-from prefill_bundle import MINI, OP_TYPE, RAGGED, REPO_ROOT
+from prefill_bundle import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
 from prefill_bundle.serving import (
     UNSERVABLE_KEY,
     BucketedPrefillKeyBuilder,
@@ -18,7 +18,8 @@ from prefill_bundle.serving import (
     enable_bundle_apply,
     pow2_bucket,
 )
-from prefill_bundle.workloads import PaddedShape, mini_trace
+from prefill_bundle.testing import PagedCase, make_inputs
+from prefill_bundle.workloads import PAGED_BATCHES, PaddedShape, mini_trace, paged_trace
 
 MARKERS = {"solution_a": 1.0, "solution_b": 2.0, "broken": 3.0, "incorrect": 4.0}
 FALLBACK_MARKER = -1.0
@@ -171,6 +172,19 @@ def test_key_buckets():
     )
     assert from_args == from_workload
     assert builder.build_from_args((q, k, k, False)) != from_args
+
+
+@pytest.mark.parametrize("name, page_size", [(PAGED_PS1, 1), (PAGED_PS64, 64)])
+def test_paged_key_counts_key_tokens_as_pages_times_page_size(name, page_size):
+    definition = TraceSet.from_path(str(REPO_ROOT)).definitions[name]
+    builder = BucketedPrefillKeyBuilder(definition)
+    batch = PAGED_BATCHES[0]  # 8 sequences of 256 new tokens over about 5K cached
+    case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix)
+    inputs = make_inputs(case, "cpu")
+    from_args = builder.build_from_args(inputs)
+    assert from_args == builder.build_from_workload(paged_trace(batch, name).workload)
+    pages = inputs[5].shape[0]
+    assert dict(from_args.axes) == {"seqs": 8, "q": 2048, "kv": pow2_bucket(pages * page_size)}
 
 
 def test_baselines_do_not_serve_unless_named(trace_root, monkeypatch):

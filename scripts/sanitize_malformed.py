@@ -1,5 +1,6 @@
-"""Every backend's ragged solution under compute-sanitizer memcheck on the fixed list of
-malformed batches (prefill_bundle.testing.MALFORMED_BATCHES), plus a valid batch, printing one
+"""Every backend's ragged and paged solutions under compute-sanitizer memcheck on the fixed lists
+of malformed batches (prefill_bundle.testing.MALFORMED_BATCHES plus a valid batch;
+prefill_bundle.paged_malformed.MALFORMED_PAGED_BATCHES, a valid one first), printing one
 line per case: the solution, the batch, and whether the NaN rows and the well-formed rows are
 what the contract says. memcheck itself reports any access outside an allocation.
 
@@ -13,8 +14,14 @@ import argparse
 
 import torch
 
-from prefill_bundle import RAGGED
+from prefill_bundle import PAGE_SIZES, RAGGED
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
+from prefill_bundle.paged_malformed import (
+    MALFORMED_PAGED_BATCHES,
+    check_malformed_paged_outputs,
+    malformed_paged_expected,
+    malformed_paged_inputs,
+)
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
     MalformedBatch,
@@ -25,27 +32,41 @@ from prefill_bundle.testing import (
 )
 
 VALID = MalformedBatch("valid_partition", (0, 30, 70, 100), (0, 40, 80, 120))
-OURS = [s.name for s in SOLUTIONS if s.definition == RAGGED and s.author != BASELINE_AUTHOR]
+DEFINITIONS = (RAGGED, *PAGE_SIZES)
+OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author != BASELINE_AUTHOR]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--solutions", nargs="*", default=OURS)
 names = parser.parse_args().solutions
-failures = 0
+failures = cases = 0
 for name in names:
     run = build_solution(name)
-    for batch in [VALID, *MALFORMED_BATCHES]:
-        inputs = malformed_inputs(batch, "cuda", seed=11)
-        expected = malformed_expected(batch, inputs)
+    if "_paged_" in name:
+        page_size = int(name.rsplit("_ps", 1)[1])
+        batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == page_size]
+        inputs_of, expected_of = malformed_paged_inputs, malformed_paged_expected
+        check = check_malformed_paged_outputs
+    else:
+        batches = [VALID, *MALFORMED_BATCHES]
+        inputs_of, expected_of, check = (
+            malformed_inputs,
+            malformed_expected,
+            check_malformed_outputs,
+        )
+    for batch in batches:
+        inputs = inputs_of(batch, "cuda", seed=11)
+        expected = expected_of(batch, inputs)
         output = torch.full_like(inputs[0], -7.0)
         lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
         run(*inputs, output, lse)
         torch.cuda.synchronize()
+        cases += 1
         try:
-            check_malformed_outputs([output, lse], expected)
+            check([output, lse], expected)
             verdict = "ok"
         except AssertionError as error:
             failures += 1
             verdict = f"WRONG: {str(error).splitlines()[0]}"
         nan_rows = int(output.isnan().all(-1).all(-1).sum())
-        print(f"{name:16s} {batch.name:24s} nan_rows={nan_rows:3d} {verdict}", flush=True)
-print(f"{len(names) * (len(MALFORMED_BATCHES) + 1) - failures} passed, {failures} failed")
+        print(f"{name:18s} {batch.name:28s} nan_rows={nan_rows:3d} {verdict}", flush=True)
+print(f"{cases - failures} passed, {failures} failed")

@@ -11,8 +11,14 @@ scripts/sanitize_malformed.py runs the same list under compute-sanitizer memchec
 import pytest
 import torch
 
-from prefill_bundle import RAGGED
+from prefill_bundle import PAGE_SIZES, RAGGED
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
+from prefill_bundle.paged_malformed import (
+    MALFORMED_PAGED_BATCHES,
+    check_malformed_paged_outputs,
+    malformed_paged_expected,
+    malformed_paged_inputs,
+)
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
     build_solution,
@@ -27,8 +33,10 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 GUARD = 4096  # elements of NaN before and after every tensor
 
 
-def solutions():
-    names = [s.name for s in SOLUTIONS if s.definition == RAGGED and s.author != BASELINE_AUTHOR]
+def solutions(definitions=(RAGGED,)):
+    names = [
+        s.name for s in SOLUTIONS if s.definition in definitions and s.author != BASELINE_AUTHOR
+    ]
     return names if HAS_CUDA else [n for n in names if n.startswith("triton")]
 
 
@@ -66,3 +74,31 @@ def test_malformed_batch(solution, batch):
         assert (guard == -3.0).all(), "a write outside the outputs"
     assert not (output == -7.0).all(-1).any(), "rows never written"
     check_malformed_outputs([output, lse], expected)
+
+
+def paged_cases():
+    return [
+        pytest.param(name, batch, id=f"{name}-{batch.id}")
+        for name in solutions(tuple(PAGE_SIZES))
+        for batch in MALFORMED_PAGED_BATCHES
+        if name.endswith(f"_ps{batch.page_size}")
+    ]
+
+
+@pytest.mark.parametrize("solution,batch", paged_cases())
+def test_malformed_paged_batch(solution, batch):
+    """Page ids, page offsets and last-page lengths out of range; q and the caches inside NaN
+    guard buffers (a page id read outside the cache would turn a computed row NaN)."""
+    inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    q, k_cache, v_cache = (guarded(x)[0] for x in inputs[:3])
+    output, output_buffer = guarded(torch.full_like(inputs[0], -7.0), fill=-3.0)
+    lse, lse_buffer = guarded(torch.full(inputs[0].shape[:2], -7.0, device=DEVICE), fill=-3.0)
+    build_solution(solution)(q, k_cache, v_cache, *inputs[3:], output, lse)
+    if HAS_CUDA:
+        torch.cuda.synchronize()
+    for buffer in (output_buffer, lse_buffer):
+        guard = torch.cat([buffer[:GUARD], buffer[-GUARD:]])
+        assert (guard == -3.0).all(), "a write outside the outputs"
+    assert not (output == -7.0).all(-1).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)

@@ -17,10 +17,11 @@ from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
 from flashinfer_bench.compile import BuilderRegistry
 
-from prefill_bundle import MINI
+from prefill_bundle import MINI, PAGE_SIZES, RAGGED
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
     PaddedCase,
+    PagedCase,
     RaggedCase,
     build_solution,
     load_definition,
@@ -28,7 +29,7 @@ from prefill_bundle.testing import (
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES
+from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES
 
 PADDED = [
     PaddedCase(8, 2048, 2048, True),
@@ -38,7 +39,17 @@ PADDED = [
     PaddedCase(4, 512, 512, True),
     PaddedCase(4, 128, 2048, True),
 ]
-RAGGED = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]
+# Per definition: its FlashInfer baseline and its cases (the workloads' shapes).
+CASES = {
+    MINI: ("flashinfer_mini", PADDED),
+    RAGGED: ("flashinfer_ragged", [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]),
+}
+for _name, _page_size in PAGE_SIZES.items():
+    CASES[_name] = (
+        f"flashinfer_paged_ps{_page_size}",
+        [PagedCase(b.q_lens, b.kv_lens, _page_size, shared_prefix=b.shared_prefix)
+         for b in PAGED_BATCHES],
+    )  # fmt: skip
 
 
 def compare(names, baseline, cases, old=()):
@@ -77,16 +88,13 @@ def main():
     options = parser.parse_args()
     old = [Solution.model_validate_json(open(path).read()) for path in options.old]
     print("gpu at start:", clocks())
-    mini = [n for n in options.names if load_solution(n).definition == MINI]
-    ragged = [n for n in options.names if n not in mini]
-    rows = []
-    if mini:
-        old_mini = [s for s in old if s.definition == MINI]
-        rows += compare(mini, "flashinfer_mini", PADDED, old_mini)
-    if ragged:
-        cases = [c for c in RAGGED if sum(c.q_lens) >= options.min_tokens]
-        old_ragged = [s for s in old if s.definition != MINI]
-        rows += compare(ragged, "flashinfer_ragged", cases, old_ragged)
+    rows, min_tokens = [], options.min_tokens
+    for definition, (baseline, cases) in CASES.items():
+        names = [n for n in options.names if load_solution(n).definition == definition]
+        if names:
+            big = [c for c in cases if isinstance(c, PaddedCase) or sum(c.q_lens) >= min_tokens]
+            olds = [s for s in old if s.definition == definition]
+            rows += compare(names, baseline, big, olds)
     print("gpu at end:", clocks())
     print(f"\n{'shape':34s} {'solution':20s} {'ms':>9s} {'FI/x':>6s} {'kernel FI/x':>11s}")
     for shape, name, ms, ratio, kernel_ratio in rows:

@@ -1,0 +1,84 @@
+"""On the GPU: each backend's paged kernel against its own ragged kernel on the same K/V (the
+paged workloads' shapes; the ragged K/V is the pages gathered), kernel time in one call,
+interleaved (ragged, paged, ragged, paged; best of two rounds). The issue's bar: paged at least
+0.95x its ragged speed at page size 64, 0.9x at page size 1.
+
+    python scripts/paged_vs_ragged.py                      # every backend, FlashInfer too
+    python scripts/paged_vs_ragged.py --backends cuda --page-sizes 64
+"""
+
+import argparse
+
+import torch
+import triton.testing
+
+from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
+
+
+def gathered(case: PagedCase, inputs: list) -> list:
+    """The ragged definition's inputs holding the same keys and values as the paged ones."""
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
+    bounds, ids = kv_indptr.tolist(), kv_indices.tolist()
+    k, v = [], []
+    for s, kv_len in enumerate(case.kv_lens):
+        pages = torch.tensor(ids[bounds[s] : bounds[s + 1]], dtype=torch.long, device=q.device)
+        k.append(k_cache[pages].flatten(0, 1)[:kv_len])
+        v.append(v_cache[pages].flatten(0, 1)[:kv_len])
+    kv_tokens = lengths_to_indptr(case.kv_lens).to(q.device)
+    return [q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, inputs[-1]]
+
+
+def kernel_ms(fn, args) -> float:
+    return triton.testing.do_bench(lambda: fn(*args), warmup=10, rep=50)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backends", nargs="*", default=["cuda", "tilelang", "triton",
+                                                          "flashinfer"])  # fmt: skip
+    parser.add_argument("--page-sizes", nargs="*", type=int, default=[64, 1])
+    options = parser.parse_args()
+    print("gpu at start:", clocks())
+    rows = []
+    for page_size in options.page_sizes:
+        for batch in PAGED_BATCHES:
+            case = PagedCase(batch.q_lens, batch.kv_lens, page_size,
+                             shared_prefix=batch.shared_prefix)  # fmt: skip
+            paged = make_inputs(case, "cuda", seed=0)
+            paged = [
+                x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x for x in paged
+            ]  # fmt: skip  (FlashInfer reads unused slots)
+            ragged = gathered(case, paged)
+            for backend in options.backends:
+                pair = {}
+                for kind, name, args in (
+                    ("ragged", f"{backend}_ragged", ragged),
+                    ("paged", f"{backend}_paged_ps{page_size}", paged),
+                ):
+                    fn = build_solution(name)
+                    outs = (
+                        poisoned_outputs(case, args)
+                        if fn.metadata.destination_passing_style
+                        else []
+                    )
+                    pair[kind] = (fn, args + outs)
+                best = {"ragged": float("inf"), "paged": float("inf")}
+                for _ in range(2):
+                    for kind, (fn, args) in pair.items():
+                        best[kind] = min(best[kind], kernel_ms(fn, args))
+                rows.append((batch.name, page_size, backend, best["ragged"], best["paged"]))
+    print("gpu at end:", clocks())
+    print(f"\n{'workload':30s} {'ps':>3s} {'backend':10s} {'ragged ms':>10s} {'paged ms':>9s} "
+          f"{'paged/ragged speed':>18s}")  # fmt: skip
+    for name, page_size, backend, ragged_ms, paged_ms in rows:
+        bar = 0.95 if page_size > 1 else 0.9
+        ratio = ragged_ms / paged_ms
+        flag = "" if ratio >= bar or backend == "flashinfer" else f"  < {bar}"
+        print(f"{name:30s} {page_size:3d} {backend:10s} {ragged_ms:10.4f} {paged_ms:9.4f} "
+              f"{ratio:18.3f}{flag}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

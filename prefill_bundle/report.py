@@ -10,7 +10,7 @@ import torch
 from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
-from . import HEAD_DIM, NUM_HEADS, REPO_ROOT
+from . import HEAD_DIM, NUM_HEADS, PAGE_SIZES, REPO_ROOT
 from .cuda_build import RESOURCES_MD
 from .packing import BASELINE_AUTHOR, SOLUTIONS
 
@@ -26,8 +26,9 @@ def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
     return int((rows + offset + 1).clamp(0, seq_kv).sum())
 
 
-def workload_flops(workload) -> float:
-    """4 * heads * head_dim flops per visible pair: Q K^T and P V, a multiply-add each."""
+def workload_flops(workload, page_size: int = 0) -> float:
+    """4 * heads * head_dim flops per visible pair: Q K^T and P V, a multiply-add each.
+    page_size: the paged definitions' (their kv_indptr counts pages)."""
     axes, inputs = workload.axes, workload.inputs
     if "batch" in axes:
         causal = bool(inputs["causal"].value)
@@ -36,7 +37,11 @@ def workload_flops(workload) -> float:
         spec = inputs["qo_indptr"]
         blob = load_file(str(REPO_ROOT / spec.path))
         q_lens = blob["qo_indptr"].diff().tolist()
-        kv_lens = blob["kv_indptr"].diff().tolist()
+        kv_lens = blob["kv_indptr"].diff()
+        if page_size:
+            last = blob.get("kv_last_page_len", torch.ones_like(kv_lens))
+            kv_lens = torch.where(kv_lens > 0, (kv_lens - 1) * page_size + last, 0)
+        kv_lens = kv_lens.tolist()
         pairs = sum(visible_pairs(q, kv, True) for q, kv in zip(q_lens, kv_lens))
     return 4.0 * NUM_HEADS * HEAD_DIM * pairs
 
@@ -166,7 +171,7 @@ def render(trace_set: TraceSet) -> str:
         lines.append("|---" * (len(solutions) + 1) + "|")
         for wl in trace_set.workloads.get(def_name, []):
             row = by_workload.get(wl.workload.uuid, {})
-            flops = workload_flops(wl.workload)
+            flops = workload_flops(wl.workload, PAGE_SIZES.get(def_name, 0))
             baseline = next(
                 (t for n, t in row.items() if backend_of.get(n) == FLASHINFER_BACKEND), None
             )

@@ -13,11 +13,21 @@ the tiles on the diagonal pay for one.
 
 Padded batch: lengths are the runtime ints seq_q / seq_kv, sequence s starts at row s * seq_q.
 Ragged batch: lengths come from qo_indptr / kv_indptr, read in the kernel (no host sync).
+K/V are loaded by a policy, PAGE_SIZE: 0 reads them contiguous (padded and ragged batches), a
+page size reads them through the page table of a paged cache (paged_kv.py); everything else is
+one code path.
 """
 
 import triton
 import triton.language as tl
 
+from .paged_kv import (
+    first_key_on_bad_page,
+    load_tile_pages,
+    paged_tile_ptrs,
+    poison_rows,
+    sequence_keys,
+)
 from .ragged_batch import find_sequence, is_partition, poison_uncovered_rows, well_formed
 
 
@@ -106,10 +116,15 @@ def _attend_kv_tiles(
     kv_len,
     causal_shift,
     qk_scale,
+    pages,
+    num_pages,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     K_TOKEN_STRIDE: tl.constexpr,
     V_TOKEN_STRIDE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    K_PAGE_STRIDE: tl.constexpr,
+    V_PAGE_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -120,14 +135,31 @@ def _attend_kv_tiles(
     exp of the scaled logit and exp2 maps to one hardware instruction. m_i is their running row
     max, l_i the running sum of exp2(logit - m_i). MASKED is False only for tiles that every row
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
+    PAGE_SIZE > 0: k_seq and v_seq are paged caches at the KV head, pages the sequence's page
+    ids (paged_kv.py).
     """
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)[None, :]
-    k_ptrs = k_seq + (kv_lo + key_offsets)[:, None] * K_TOKEN_STRIDE + dims
-    v_ptrs = v_seq + (kv_lo + key_offsets)[:, None] * V_TOKEN_STRIDE + dims
+    if PAGE_SIZE == 0:
+        k_ptrs = k_seq + (kv_lo + key_offsets)[:, None] * K_TOKEN_STRIDE + dims
+        v_ptrs = v_seq + (kv_lo + key_offsets)[:, None] * V_TOKEN_STRIDE + dims
+    else:
+        k_offsets = key_offsets[:, None] * K_TOKEN_STRIDE + dims  # inside a page: V's too
+        next_pages = load_tile_pages(pages, kv_lo, kv_hi, kv_len, num_pages, BLOCK_N, PAGE_SIZE,
+                                     MASKED)  # fmt: skip
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
+        if PAGE_SIZE > 0:
+            # Page ids a tile ahead (see _attend_kv_tiles_paired).
+            tile_pages = next_pages
+            next_pages = load_tile_pages(pages, tile_start + BLOCK_N, kv_hi, kv_len, num_pages,
+                                         BLOCK_N, PAGE_SIZE, MASKED)  # fmt: skip
+            k_ptrs, v_ptrs = paged_tile_ptrs(
+                k_seq, v_seq, tile_pages, tile_start, k_offsets, k_offsets, BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
+                K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
+            )  # fmt: skip
         k = _load_kv_tile(k_ptrs, in_seq, MASKED)
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
@@ -139,8 +171,9 @@ def _attend_kv_tiles(
         v = _load_kv_tile(v_ptrs, in_seq, MASKED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
-        k_ptrs += BLOCK_N * K_TOKEN_STRIDE
-        v_ptrs += BLOCK_N * V_TOKEN_STRIDE
+        if PAGE_SIZE == 0:
+            k_ptrs += BLOCK_N * K_TOKEN_STRIDE
+            v_ptrs += BLOCK_N * V_TOKEN_STRIDE
     return acc, m_i, l_i
 
 
@@ -163,10 +196,15 @@ def _attend_kv_tiles_paired(
     kv_len,
     causal_shift,
     qk_scale,
+    pages,
+    num_pages,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     K_TOKEN_STRIDE: tl.constexpr,
     V_TOKEN_STRIDE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    K_PAGE_STRIDE: tl.constexpr,
+    V_PAGE_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -188,12 +226,30 @@ def _attend_kv_tiles_paired(
         v_offsets = k_offsets
     else:
         v_offsets = key_offsets[:, None] * V_TOKEN_STRIDE + tl.arange(0, HEAD_DIM)[None, :]
-    k_tile = k_seq + kv_lo * K_TOKEN_STRIDE
-    v_tile = v_seq + kv_lo * V_TOKEN_STRIDE
+    if PAGE_SIZE == 0:
+        k_tile = k_seq + kv_lo * K_TOKEN_STRIDE
+        v_tile = v_seq + kv_lo * V_TOKEN_STRIDE
+    else:
+        next_pages = load_tile_pages(pages, kv_lo, kv_hi, kv_len, num_pages, BLOCK_N, PAGE_SIZE,
+                                     MASKED)  # fmt: skip
     for tile_start in range(kv_lo, kv_hi, BLOCK_N):
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
-        k = _load_kv_tile(k_tile + k_offsets, in_seq, MASKED)
+        if PAGE_SIZE == 0:
+            k = _load_kv_tile(k_tile + k_offsets, in_seq, MASKED)
+        else:
+            # The page ids are read a tile ahead: Triton's pipeliner would otherwise make the
+            # id load a stage of its own and wait for all copies in flight, K/V included, at
+            # every tile (one tile of prefetch instead of num_stages - 1).
+            tile_pages = next_pages
+            next_pages = load_tile_pages(pages, tile_start + BLOCK_N, kv_hi, kv_len, num_pages,
+                                         BLOCK_N, PAGE_SIZE, MASKED)  # fmt: skip
+            k_ptrs, v_ptrs = paged_tile_ptrs(
+                k_seq, v_seq, tile_pages, tile_start, k_offsets, v_offsets, BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
+                K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
+            )  # fmt: skip
+            k = _load_kv_tile(k_ptrs, in_seq, MASKED)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
@@ -202,7 +258,10 @@ def _attend_kv_tiles_paired(
             )
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
-        v = _load_kv_tile(v_tile + v_offsets, in_seq, MASKED)
+        if PAGE_SIZE == 0:
+            v = _load_kv_tile(v_tile + v_offsets, in_seq, MASKED)
+        else:
+            v = _load_kv_tile(v_ptrs, in_seq, MASKED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(
@@ -211,8 +270,9 @@ def _attend_kv_tiles_paired(
         else:
             p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
         acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
-        k_tile += BLOCK_N * K_TOKEN_STRIDE
-        v_tile += BLOCK_N * V_TOKEN_STRIDE
+        if PAGE_SIZE == 0:
+            k_tile += BLOCK_N * K_TOKEN_STRIDE
+            v_tile += BLOCK_N * V_TOKEN_STRIDE
     return acc_a, m_a, l_a, acc_b, m_b, l_b
 
 
@@ -271,22 +331,28 @@ def _store_rows(
         tl.store(lse + (row0 + row_token) * NUM_HEADS + row_head, row_lse, mask=row_in_seq)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv"])
+@triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv", "num_pages"])
 def gqa_prefill_fwd(
     q,  # [tokens, NUM_HEADS, HEAD_DIM], tokens Q_TOKEN_STRIDE apart (a padded batch flattened)
     k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], tokens K_TOKEN_STRIDE apart; v likewise
-    v,
+    v,  # (paged: [num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM], pages *_PAGE_STRIDE apart)
     out,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous
     lse,  # [tokens, NUM_HEADS] fp32, base-2; only read when WRITE_LSE
     qo_indptr,  # [num_seqs + 1] int32; only read when RAGGED
-    kv_indptr,
+    kv_indptr,  # (paged: offsets into kv_indices)
+    kv_indices,  # paged only (else None): [seq_kv] int32 page ids
+    kv_last_page_len,  # paged only, None for page size 1: [num_seqs] int32
     num_seqs,
     seq_q,  # padded: rows per sequence; ragged: total_q and total_kv, the rows of q and k
-    seq_kv,
+    seq_kv,  # (paged: the length of kv_indices)
+    num_pages,  # paged only (else None): pages in the caches
     qk_scale,  # sm_scale * log2(e)
     Q_TOKEN_STRIDE: tl.constexpr,  # elements between consecutive tokens (fused QKV: 6144)
-    K_TOKEN_STRIDE: tl.constexpr,
+    K_TOKEN_STRIDE: tl.constexpr,  # (paged: inside a page, NUM_KV_HEADS * HEAD_DIM)
     V_TOKEN_STRIDE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,  # the K/V policy: 0 contiguous, else paged (paged_kv.py)
+    K_PAGE_STRIDE: tl.constexpr,  # paged: elements between consecutive pages of k, of v
+    V_PAGE_STRIDE: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -332,6 +398,8 @@ def gqa_prefill_fwd(
         q_len = tl.load(qo_indptr + seq + 1) - q_start
         kv_start = tl.load(kv_indptr + seq)
         kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+        if PAGE_SIZE > 0:  # kv_indptr counts pages
+            kv_len, poison_from = sequence_keys(kv_last_page_len, seq, kv_len, PAGE_SIZE)
         tile = slot - (q_start // TOKENS_PER_TILE + seq)
         q_len = tl.where(batch_ok, q_len, 0)  # not well-formed: compute nothing
         q_start = q_start.to(tl.int64)
@@ -362,8 +430,14 @@ def gqa_prefill_fwd(
         q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
     )
 
-    k_seq = k + kv_start * K_TOKEN_STRIDE + kv_head * HEAD_DIM
-    v_seq = v + kv_start * V_TOKEN_STRIDE + kv_head * HEAD_DIM
+    if PAGE_SIZE == 0:
+        k_seq = k + kv_start * K_TOKEN_STRIDE + kv_head * HEAD_DIM
+        v_seq = v + kv_start * V_TOKEN_STRIDE + kv_head * HEAD_DIM
+        pages = kv_indices  # None
+    else:
+        k_seq = k + kv_head * HEAD_DIM  # each tile adds its page's offset
+        v_seq = v + kv_head * HEAD_DIM
+        pages = kv_indices + kv_start
 
     # Keys [0, kv_full_end) are visible to every row of the tile and need no mask; keys
     # [kv_full_end, kv_end) are the diagonal (and the sequence's ragged end) of a row block; keys
@@ -378,6 +452,16 @@ def gqa_prefill_fwd(
         causal_shift = 0
         kv_end = kv_len
         kv_full_end = kv_len // BLOCK_N * BLOCK_N
+    if PAGE_SIZE > 0:
+        tl.static_assert(CAUSAL and RAGGED, "paged K/V: causal ragged batches only")
+        # The loops stop before the first key on a bad page (never read); the rows that see it
+        # are poisoned at the end.
+        tile_last_token = tl.minimum(first_token + TOKENS_PER_TILE, q_len) - 1
+        tile_kv_end = tl.maximum(tl.minimum(tile_last_token + causal_shift + 1, kv_len), 0)
+        bad_key = first_key_on_bad_page(pages, tile_kv_end, num_pages, PAGE_SIZE)
+        poison_from = tl.minimum(poison_from, bad_key)
+        kv_end = tl.minimum(kv_end, bad_key)
+        kv_full_end = tl.minimum(kv_full_end, bad_key // BLOCK_N * BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -396,6 +480,8 @@ def gqa_prefill_fwd(
             kv_end_b = tl.maximum(tl.minimum(last_token_b + causal_shift + 1, kv_len), 0)
         else:
             kv_end_b = kv_len
+        if PAGE_SIZE > 0:
+            kv_end_b = tl.minimum(kv_end_b, bad_key)
         acc_b = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         m_b = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_b = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -406,15 +492,19 @@ def gqa_prefill_fwd(
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
             query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale,
-            BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
-            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=True, INTERPRETED=INTERPRETED,
+            pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
+            V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
+            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=True, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
             query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale,
-            BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
-            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
+            pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
+            V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
+            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
+        if PAGE_SIZE > 0:
+            acc_b, m_b, l_b = poison_rows(acc_b, m_b, l_b, query_pos_b, causal_shift, poison_from)
         _store_rows(
             acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,
             q_len - first_token - BLOCK_TOKENS, first_head, BLOCK_M=BLOCK_M,
@@ -424,15 +514,20 @@ def gqa_prefill_fwd(
     else:
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
-            qk_scale, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
-            V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
+            qk_scale, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
+            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=False,
+            INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
-            causal_shift, qk_scale, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
-            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, CAUSAL=CAUSAL,
-            MASKED=True, INTERPRETED=INTERPRETED,
+            causal_shift, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
+            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=True,
+            INTERPRETED=INTERPRETED,
         )  # fmt: skip
+    if PAGE_SIZE > 0:
+        acc, m_i, l_i = poison_rows(acc, m_i, l_i, query_pos, causal_shift, poison_from)
     _store_rows(
         acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M=BLOCK_M,
         HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,

@@ -1,11 +1,12 @@
-"""Triton GQA prefill attention: the entry points of both definitions, their argument checks and
-launch plans. The kernel is in attention_kernel.py.
+"""Triton GQA prefill attention: the entry points of every definition (padded, ragged, paged with
+page size 1 and 64), their argument checks and launch plans. The kernel is in attention_kernel.py.
 
 flashinfer-bench times the whole call, so run_*() only builds a key from shapes, strides and
 dtypes, looks up the launch plan cached under it (grid and block sizes, never data pointers or
 indptr values), checks devices and alignment, and launches once. Nothing here reads a device
 tensor: the ragged lengths stay on the GPU and the grid is sized from total_q and the batch size
-alone; the kernel itself copes with indptr values that are not a partition (ragged_batch.py).
+alone; the kernel itself copes with indptr values that are not a partition (ragged_batch.py) and
+with page ids and last-page lengths it cannot use (paged_kv.py).
 
 The argument rules and messages are the bundle's shared contract (arguments.py): q, k, v may be
 token-strided (slices of a fused QKV projection), float16 or bfloat16, all of one dtype.
@@ -22,6 +23,8 @@ import triton.language as tl
 
 from .arguments import (
     PADDED_NAMES,
+    PAGED_PS1_NAMES,
+    PAGED_PS64_NAMES,
     RAGGED_NAMES,
     VALIDATE,
     PlanCache,
@@ -29,6 +32,8 @@ from .arguments import (
     check_indptr_values,
     check_layout,
     check_padded_shapes,
+    check_paged_shapes,
+    check_paged_values,
     check_placement,
     check_ragged_shapes,
     check_sm_scale,
@@ -45,13 +50,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
+_paged_plans = {1: PlanCache(), 64: PlanCache()}  # by page size
 # The kernel's parameters by kind, in signature order: a compiled kernel takes them all
 # positionally. launch_* pass the run-time ones in _RUNTIME_ARGS order (a tuple costs the host
 # less than keywords, ~0.7 us a call), checked here against the signature.
 _PARAMETERS = inspect.signature(gqa_prefill_fwd.fn).parameters.values()
 _CONSTEXPRS = tuple(p.name for p in _PARAMETERS if p.annotation is tl.constexpr)
-_RUNTIME_ARGS = ("q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr", "num_seqs", "seq_q",
-                 "seq_kv", "qk_scale")  # fmt: skip
+_RUNTIME_ARGS = ("q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr", "kv_indices",
+                 "kv_last_page_len", "num_seqs", "seq_q", "seq_kv", "num_pages",
+                 "qk_scale")  # fmt: skip
+# Padded and ragged batches read K/V contiguous (the paged arguments are None).
+CONTIGUOUS_KV = dict(PAGE_SIZE=0, K_PAGE_STRIDE=0, V_PAGE_STRIDE=0)
 if _RUNTIME_ARGS != tuple(p.name for p in _PARAMETERS if p.annotation is not tl.constexpr):
     raise ImportError("triton_prefill: _RUNTIME_ARGS no longer matches gqa_prefill_fwd")
 
@@ -136,7 +145,7 @@ def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     meta.setdefault("ROW_BLOCKS", 1)
     grid = (batch * triton.cdiv(seq_q, _tokens_per_tile(meta)), NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=causal, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
-    meta.update(_strides(q, k, v))
+    meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     return grid, meta, batch, seq_q, seq_kv, {}
 
 
@@ -156,8 +165,40 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tup
     # total_q // T + batch slots cover every sequence's tiles (see find_sequence).
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
-    meta.update(_strides(q, k, v))
+    meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     return grid, meta, batch, total_q, total_kv, {}
+
+
+def _plan_paged(page_size, tensors, config=None) -> tuple:
+    """Check shapes, dtypes and strides (once per key) and plan the launch: the ragged plan with
+    K/V read through the page table. Page ids and lengths stay unread on the host (paged_kv.py).
+    tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
+    page size 1), output, lse."""
+    q, k_cache, v_cache = tensors[:3]
+    batch, total_q, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size)
+    check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
+    tokens_per_seq = total_q / max(batch, 1)
+    meta = dict(
+        config
+        or _launch_config(
+            tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device), causal=True
+        )
+    )
+    meta.setdefault("ROW_BLOCKS", 1)
+    grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
+    meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
+    # Tokens are dense within a page (the layout check): only the page strides vary.
+    meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
+                V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,
+                K_PAGE_STRIDE=k_cache.stride(0), V_PAGE_STRIDE=v_cache.stride(0))  # fmt: skip
+    return grid, meta, batch, total_q, num_kv_indices, num_pages, {}
+
+
+def _paged_arguments(page_size, tensors) -> tuple:
+    """The definition's argument names and tensors (page size 1 has no kv_last_page_len)."""
+    if page_size == 1:
+        return PAGED_PS1_NAMES, tensors[:6] + tensors[7:]
+    return PAGED_PS64_NAMES, tensors
 
 
 def _strides(q, k, v) -> dict:
@@ -188,7 +229,8 @@ def launch_padded(plan, q, k, v, out):
     grid, meta, batch, seq_q, seq_kv, runners = plan
     if grid[0] == 0:
         return  # no query row
-    args = (q, k, v, out, None, None, None, batch, seq_q, seq_kv, PADDED_QK_SCALE)
+    args = (q, k, v, out, None, None, None, None, None, batch, seq_q, seq_kv, None,
+            PADDED_QK_SCALE)  # fmt: skip
     _launch(grid, meta, runners, args)
 
 
@@ -213,21 +255,78 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     if VALIDATE:
         check_indptr_values(qo_indptr, kv_indptr, q.shape[0], k.shape[0])
     if sm_scale <= 0:
-        # The kernel takes the row max of the unscaled logits, which is the max of the scaled
-        # ones only for a positive scale: softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives
-        # softmax(1 * 0.k); both exact. (q keeps its strides: the plan compiled them in.)
-        same_strides = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device)
-        if sm_scale < 0:
-            q, sm_scale = torch.neg(q, out=same_strides), -sm_scale
-        else:
-            q, sm_scale = same_strides.zero_(), 1.0
+        q, sm_scale = _positive_scale(q, sm_scale)
     launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+
+
+def _positive_scale(q, sm_scale) -> tuple:
+    """(q', s') with softmax(s q.k) = softmax(s' q'.k) and s' > 0. The kernel takes the row max
+    of the unscaled logits, which is the max of the scaled ones only for a positive scale:
+    softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives softmax(1 * 0.k); both exact. (q'
+    keeps q's strides: the plan compiled them in.)"""
+    same_strides = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device)
+    if sm_scale < 0:
+        return torch.neg(q, out=same_strides), -sm_scale
+    return same_strides.zero_(), 1.0
 
 
 def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write
-    args = (q, k, v, output, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
-            sm_scale * LOG2_E)  # fmt: skip
+    args = (q, k, v, output, lse, qo_indptr, kv_indptr, None, None, batch, total_q, total_kv,
+            None, sm_scale * LOG2_E)  # fmt: skip
+    _launch(grid, meta, runners, args)
+
+
+def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                   sm_scale, output, lse):  # fmt: skip
+    _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+               sm_scale, output, lse)  # fmt: skip
+
+
+def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
+    _run_paged(1, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, sm_scale, output,
+               lse)  # fmt: skip
+
+
+def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+               kv_last_page_len, sm_scale, output, lse):  # fmt: skip
+    sm_scale = check_sm_scale(sm_scale)
+    plans = _paged_plans[page_size]
+    tensors = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
+               lse)  # fmt: skip
+    try:
+        key = (
+            q.shape, k_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(),
+            qo_indptr.shape, kv_indices.shape, q.dtype, k_cache.dtype, v_cache.dtype,
+            qo_indptr.dtype, kv_indptr.dtype, kv_indices.dtype, output.dtype, lse.dtype,
+            v_cache.shape, kv_indptr.shape, output.shape, lse.shape,
+            None if kv_last_page_len is None else (kv_last_page_len.shape, kv_last_page_len.dtype),
+        )  # fmt: skip
+        plan = plans.lookup(key)
+    except AttributeError:  # not a tensor
+        key = plan = None
+    if plan is None:
+        plan = _plan_paged(page_size, tensors)  # raises ValueError on a bad argument
+        if key is not None:
+            plans.store(key, plan)
+    else:
+        check_placement(*_paged_arguments(page_size, tensors), INTERPRET)
+    if VALIDATE:
+        check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[0],
+                           k_cache.shape[0], page_size)  # fmt: skip
+    if sm_scale <= 0:
+        q, sm_scale = _positive_scale(q, sm_scale)
+    launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                 sm_scale, output, lse)  # fmt: skip
+
+
+def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                 sm_scale, output, lse):  # fmt: skip
+    grid, meta, batch, total_q, num_kv_indices, num_pages, runners = plan
+    if total_q == 0:
+        return  # no query row: nothing to write
+    args = (q, k_cache, v_cache, output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+            batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E)  # fmt: skip
     _launch(grid, meta, runners, args)

@@ -19,7 +19,7 @@ rows that see it.
 import triton
 import triton.language as tl
 
-PAGE_SCAN = tl.constexpr(1024)  # page ids read per step of the bad-page scan
+PAGE_SCAN = tl.constexpr(4096)  # page ids read per step of the bad-page scan
 INT32_MIN = tl.constexpr(-(2**31))
 INT32_MAX = tl.constexpr(2**31 - 1)
 
@@ -48,14 +48,14 @@ def first_key_on_bad_page(pages, kv_end, num_pages, PAGE_SIZE: tl.constexpr):
     """The first of the keys [0, kv_end) that lies on a page id outside [0, num_pages), or
     kv_end when none does. pages: the sequence's page ids (kv_indices + kv_indptr[s])."""
     pages_end = tl.cdiv(kv_end, PAGE_SIZE)
-    first_bad_page = tl.zeros([PAGE_SCAN], dtype=tl.int32) + pages_end
+    first_bad_page = pages_end
     for base in range(0, pages_end, PAGE_SCAN):
         i = base + tl.arange(0, PAGE_SCAN)
         listed = i < pages_end
         page = tl.load(pages + i, mask=listed, other=0)
         bad = listed & ((page < 0) | (page >= num_pages))
-        first_bad_page = tl.minimum(first_bad_page, tl.where(bad, i, pages_end))
-    return tl.minimum(tl.min(first_bad_page, 0) * PAGE_SIZE, kv_end)
+        first_bad_page = tl.minimum(first_bad_page, tl.min(tl.where(bad, i, pages_end), 0))
+    return tl.minimum(first_bad_page * PAGE_SIZE, kv_end)
 
 
 @triton.jit

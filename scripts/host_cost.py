@@ -43,7 +43,8 @@ def main():
             "triton: launch_ragged": lambda: triton_mod.launch_ragged(plan, *inputs, *outputs),
         }
         # The JIT path that launch_ragged skips once warm (_launch in triton_prefill.py).
-        jit_args = (q, k, v, out, lse, qo, kv, nseq, total_q, total_kv, scale * triton_mod.LOG2_E)
+        jit_args = (q, k, v, out, lse, qo, kv, None, None, nseq, total_q, total_kv, None,
+                    scale * triton_mod.LOG2_E)  # fmt: skip
         constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **meta)
         launch = triton_mod.gqa_prefill_fwd[grid]
         pieces["triton: jit launch"] = functools.partial(launch, *jit_args, **constexprs)

@@ -45,6 +45,8 @@ CUDA_SOURCES = (
     "kernel_portable.cuh",
     "ptx_sm90.cuh",
     "hopper_layout.cuh",
+    "kv_contiguous.cuh",
+    "kv_paged.cuh",
     "kernel_hopper.cuh",
 )
 

@@ -1,16 +1,66 @@
 """Write solutions/gqa_ragged/cuda/ptxas_resources.md (registers, spills, shared memory of every
-CUDA kernel for sm_90a), which report.md includes.   python scripts/cuda_resources.py"""
+CUDA kernel for sm_90a), which report.md includes.   python scripts/cuda_resources.py
 
+tests/test_cuda_build.py checks the file against resources_markdown() of a fresh compile.
+"""
+
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from prefill_bundle.cuda_build import RESOURCES_MD, compile_entry, resources_markdown
+from prefill_bundle import cuda_build
 
-with tempfile.TemporaryDirectory() as tmp:
-    returncode, output = compile_entry(shutil.which("nvcc"), "90a", Path(tmp) / "e.o", True)
-if returncode:
-    sys.exit(output)
-RESOURCES_MD.write_text(resources_markdown(output))
-print(f"wrote {RESOURCES_MD}; now run python scripts/report.py")
+_ENTRY = r"ptxas info\s+: Compiling entry function "
+_PAGED = re.compile(r"(gqa_prefill_paged(?:_wgmma)?_kernel)I\d+(\w+?)Li(\d+)E")
+# The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.
+_PAGED_NOTES = {
+    ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
+    ("gqa_prefill_paged_kernel", "1"): ("", cuda_build.PORTABLE_SMEM),
+    ("gqa_prefill_paged_wgmma_kernel", "64"): (
+        " (producer 32, consumers 232)",
+        cuda_build.DYNAMIC_SMEM[("gqa_prefill_wgmma_kernel", "causal")],
+    ),
+    ("gqa_prefill_paged_wgmma_kernel", "1"): (
+        " (producer 40, consumers 232)",
+        cuda_build.DYNAMIC_SMEM[("gqa_prefill_wgmma_kernel", "causal")],
+    ),
+}
+
+
+def resources_markdown(output: str) -> str:
+    """cuda_build.resources_markdown's table of the padded and ragged kernels (whose names it
+    reads), then a row for each paged kernel (gqa_prefill_paged*_kernel<dtype, page size>)."""
+    head, *blocks = re.split(f"({_ENTRY})", output)
+    kept, paged = [head], {}
+    for marker, block in zip(blocks[::2], blocks[1::2]):
+        match = _PAGED.search(block.split("'")[1])
+        if match is None:
+            kept += [marker, block]
+            continue
+        kernel, dtype, page_size = match.groups()
+        dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
+        paged[f"{kernel}<{dtype}, page size {page_size}>"] = (
+            cuda_build.ptxas_report(marker + block).popitem()[1],
+            _PAGED_NOTES[(kernel, page_size)],
+        )
+    lines = [cuda_build.resources_markdown("".join(kept)).rstrip("\n")]
+    for name, ((registers, stores, loads, stack), (split, smem)) in sorted(paged.items()):
+        lines.append(f"| `{name}` | {registers}{split} | {stores} / {loads} | {stack} | {smem} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        returncode, output = cuda_build.compile_entry(
+            shutil.which("nvcc"), "90a", Path(tmp) / "e.o", True
+        )
+    if returncode:
+        sys.exit(output)
+    cuda_build.RESOURCES_MD.write_text(resources_markdown(output))
+    print(f"wrote {cuda_build.RESOURCES_MD}; now run python scripts/report.py")
+
+
+if __name__ == "__main__":
+    main()

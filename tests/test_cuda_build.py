@@ -3,15 +3,19 @@
 1. prefill_entry.cu compiles with nvcc the way flashinfer-bench's tvm-ffi builder compiles it
    (-std=c++17 -O2 -fPIC, tvm-ffi and dlpack headers, the source folder as include path), for
    sm_90 and for sm_90a; ptxas reports every kernel variant without (meaningful) spills. The
-   wgmma kernels (sm_90a) run their HGMMAs unserialized; in an sm_90 build they are stubs.
+   wgmma kernels (sm_90a) run their HGMMAs unserialized; in an sm_90 build they are stubs. The
+   paged kernels (page sizes 64 and 1) are the causal ones with another K/V loader: TMA boxes per
+   page (64), a cp.async gather completing on the stage barriers (1).
 2. The packed solutions build through flashinfer-bench and their argument checks raise the
    ValueError that prefill_bundle/arguments.py raises, message for message, before anything
    touches CUDA (CPU tensors: every check but the device one, which comes last, passes or fails
    exactly as it would on the GPU).
 
-The kernel's arithmetic runs only on a GPU: tests/test_solutions.py -k cuda.
+The kernel's arithmetic runs only on a GPU: tests/test_solutions.py -k cuda. The paged entry
+points' argument errors: tests/test_cuda_paged.py.
 """
 
+import importlib.util
 import math
 import os
 import re
@@ -24,27 +28,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill_bundle import arguments
-from prefill_bundle.cuda_build import (
-    RESOURCES_MD,
-    compile_entry,
-    ptxas_report,
-    resources_markdown,
-)
+from prefill_bundle import REPO_ROOT, arguments
+from prefill_bundle.cuda_build import RESOURCES_MD, compile_entry, ptxas_report
 from prefill_bundle.testing import build_solution
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 # (dtype, causal, ragged) of every kernel the entry points launch.
-VARIANTS = [("__half", c, False) for c in (True, False)] + [
-    ("__nv_bfloat16", c, False) for c in (True, False)
-] + [("__half", True, True), ("__nv_bfloat16", True, True)]
+VARIANTS = (
+    [("__half", c, False) for c in (True, False)]
+    + [("__nv_bfloat16", c, False) for c in (True, False)]
+    + [("__half", True, True), ("__nv_bfloat16", True, True)]
+)
+# (dtype, page size) of every paged kernel (causal only).
+PAGED_VARIANTS = [
+    (dtype, page_size) for dtype in ("__half", "__nv_bfloat16") for page_size in (64, 1)
+]
 # No variant spills today; a padded non-causal kernel (at the 128-register cap of 2 CTAs per SM)
 # may spill this much (it did before its K/V loads shared one loader). More is a regression.
 MAX_SPILL_BYTES = 8
 PORTABLE_KERNEL = "gqa_prefill_kernel"
 WGMMA_KERNEL = "gqa_prefill_wgmma_kernel"  # the same variants, sm_90a only (else a stub)
+PAGED_PORTABLE_KERNEL = "gqa_prefill_paged_kernel"
+PAGED_WGMMA_KERNEL = "gqa_prefill_paged_wgmma_kernel"
 
 
 def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
@@ -52,9 +59,23 @@ def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
     return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}Lb{int(causal)}ELb{int(ragged)}E"
 
 
+def paged_kernel_name(kernel: str, dtype: str, page_size: int) -> str:
+    return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}Li{page_size}E"
+
+
+def resources_markdown(output: str) -> str:
+    """scripts/cuda_resources.py's table (the script writes ptxas_resources.md)."""
+    path = REPO_ROOT / "scripts" / "cuda_resources.py"
+    spec = importlib.util.spec_from_file_location("cuda_resources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.resources_markdown(output)
+
+
 @lru_cache(maxsize=None)
 def compile_all(tmp: str) -> dict:
     """Compile once per arch (in parallel): {arch: (returncode, output)}."""
+
     def run(arch):
         return arch, compile_entry(NVCC, arch, Path(tmp) / f"entry_{arch}.o", arch == "90a")
 
@@ -82,8 +103,9 @@ def test_entry_compiles(compiled, arch):
 
 def variant_resources(report: dict, kernel: str):
     """(variant, name, ptxas resources) of each variant of kernel; each must appear once."""
-    for variant in VARIANTS:
-        name = kernel_name(kernel, *variant)
+    paged = kernel in (PAGED_PORTABLE_KERNEL, PAGED_WGMMA_KERNEL)
+    for variant in PAGED_VARIANTS if paged else VARIANTS:
+        name = (paged_kernel_name if paged else kernel_name)(kernel, *variant)
         matches = [k for k in report if name in k]
         assert len(matches) == 1, f"{name} not among {list(report)}"
         registers, spill_stores, spill_loads, _ = report[matches[0]]
@@ -102,16 +124,23 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
         assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
         if ragged or causal:
             assert spill_stores == 0, f"{name}: {spill_stores} bytes of spill stores"
-    assert len(report) == 2 * len(VARIANTS), f"unexpected kernels: {list(report)}"
+    for _, name, (registers, spill_stores, spill_loads, _) in variant_resources(
+        report, PAGED_PORTABLE_KERNEL
+    ):
+        assert registers <= 128 and spill_stores == 0 and spill_loads == 0, (name, registers)
+    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS)
+    assert len(report) == expected, f"unexpected kernels: {list(report)}"
 
 
 @needs_nvcc
 def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
     returncode, output = compiled["90a"]
     assert returncode == 0, output
-    for _, name, resources in variant_resources(ptxas_report(output), WGMMA_KERNEL):
-        registers, spill_stores, spill_loads, _ = resources
-        assert registers <= 255 and spill_stores == 0 and spill_loads == 0, (name, resources)
+    report = ptxas_report(output)
+    for kernel in (WGMMA_KERNEL, PAGED_WGMMA_KERNEL):
+        for _, name, resources in variant_resources(report, kernel):
+            registers, spill_stores, spill_loads, _ = resources
+            assert registers <= 255 and spill_stores == 0 and spill_loads == 0, (name, resources)
     # C7515 and kin: ptxas had to wait for each wgmma before the next (accumulators touched
     # between issue and wait), which would undo the asynchronous pipeline.
     assert "Potential Performance Loss" not in output, output
@@ -186,6 +215,38 @@ def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, build_dir):
                 assert hgmma == {128: 0, 176: 0}, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]]
+
+
+@needs_nvcc
+def test_paged_wgmma_kernels_load_pages_as_designed(compiled, build_dir):
+    """sm_90a: the causal kernel's HGMMAs; Q by TMA (3-D); K/V by one 4-D TMA box per page
+    (page size 64) or a cp.async gather arriving on the ring's barriers (page size 1)."""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump found")
+    assert all(returncode == 0 for returncode, _ in compiled.values())
+    for arch in ("90", "90a"):
+        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        for dtype, page_size in PAGED_VARIANTS:
+            wgmma, portable = (
+                [f for f in functions if paged_kernel_name(kernel, dtype, page_size) in f]
+                for kernel in (PAGED_WGMMA_KERNEL, PAGED_PORTABLE_KERNEL)
+            )
+            assert len(wgmma) == 1 and len(portable) == 1, list(functions)
+            sass = functions[wgmma[0]]
+            hgmma = sass.count("HGMMA.64x128x16.F32")
+            if arch == "90a":
+                assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
+                assert "UTMALDG.3D" in sass and "USETMAXREG" in sass, wgmma[0]
+                if page_size == 64:
+                    assert "UTMALDG.4D" in sass and "LDGSTS" not in sass, wgmma[0]
+                else:
+                    assert "UTMALDG.4D" not in sass, wgmma[0]
+                    assert "LDGSTS" in sass and "ARRIVES.LDGSTSBAR" in sass, wgmma[0]
+            else:
+                assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
+            assert "HGMMA" not in functions[portable[0]]
+            assert "HMMA" in functions[portable[0]] and "LDGSTS" in functions[portable[0]]
 
 
 # 2. The packed solutions and their argument checks -------------------------------------------

@@ -16,6 +16,9 @@
 //
 // q, k and v may be token-strided (any token stride, heads dense); out and lse are contiguous.
 //
+// Paged batches (the gqa_paged definitions, causal): the same kernels with K/V rows found
+// through page tables (kv_paged.cuh); the host reads no page id either.
+//
 // Ragged batches: the host never reads indptr values. Each CTA checks that the batch is valid
 // (both indptr arrays non-decreasing from 0 to their totals: batch_part_ok); if it is not, only
 // well-formed sequences are computed and every other row comes back NaN (poison_slab).
@@ -25,11 +28,14 @@
 //   ptx_sm80.cuh         mma.sync / ldmatrix / cp.async wrappers, ElementOps
 //   tile_schedule.cuh    TileCoords, malformed-batch checks, poison_slab, locate_tile
 //   mask_softmax.cuh     mask_tile, scale_and_mask, softmax_tile, rescale_rows
-//   epilogue.cuh         normalize_rows, copy_rows_out, write_output
-//   kernel_portable.cuh  KvTileLoader, gqa_prefill_kernel
+//   epilogue.cuh         poison_rows, normalize_rows, copy_rows_out, write_output
 //   ptx_sm90.cuh         mbarrier, TMA, wgmma wrappers, smem descriptors (sm_90a only)
 //   hopper_layout.cuh    HopperTiles, HopperParams, WorkItem, HopperSmem, next_item
-//   kernel_hopper.cuh    gqa_prefill_wgmma_kernel
+//   kv_contiguous.cuh    K/V source ContiguousKv (k, v tensors): the interface both kernels
+//                        load K/V through, its portable RowLoader and Hopper TileLoader
+//   kv_paged.cuh         K/V source PagedKv<page size> (paged caches, kv_indices)
+//   kernel_portable.cuh  gqa_prefill_kernel, gqa_prefill_paged_kernel
+//   kernel_hopper.cuh    gqa_prefill_wgmma_kernel, gqa_prefill_paged_wgmma_kernel
 #pragma once
 
 #include "kernel_config.cuh"
@@ -37,7 +43,9 @@
 #include "tile_schedule.cuh"
 #include "mask_softmax.cuh"
 #include "epilogue.cuh"
-#include "kernel_portable.cuh"
 #include "ptx_sm90.cuh"
 #include "hopper_layout.cuh"
+#include "kv_contiguous.cuh"
+#include "kv_paged.cuh"
+#include "kernel_portable.cuh"
 #include "kernel_hopper.cuh"

@@ -49,7 +49,7 @@ void expect_tensor(const Arg& x, DLDataType dtype, std::initializer_list<int64_t
 void expect_same_shape(const Arg& v, const Arg& k) {
   bool same = v->ndim() == k->ndim();
   for (int i = 0; same && i < k->ndim(); ++i) same = v->size(i) == k->size(i);
-  if (!same) fail(v.name, "k's shape " + shape_text(*k), describe(*v));
+  if (!same) fail(v.name, std::string(k.name) + "'s shape " + shape_text(*k), describe(*v));
 }
 
 // arguments.check_padded_shapes
@@ -92,6 +92,44 @@ void check_ragged_shapes(const Arg& q, const Arg& k, const Arg& v, const Arg& qo
     fail("qo_indptr",
          "at least one sequence for " + std::to_string(total_q) + " query and " +
              std::to_string(total_kv) + " key rows",
+         describe(*qo_indptr));
+  }
+  expect_tensor(output, q->dtype(), {total_q, kNumHeads, kHeadDim},
+                [&] { return shape_text(*q) + " (q's dtype and shape)"; });
+  expect_tensor(lse, DLDataType{kDLFloat, 32, 1}, {total_q, kNumHeads},
+                [&] { return "[" + std::to_string(total_q) + ", 32]"; });
+}
+
+// arguments.check_paged_shapes; kv_last_page_len is nullptr for page size 1.
+void check_paged_shapes(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& qo_indptr,
+                        const Arg& kv_indptr, const Arg& kv_indices, const Arg* kv_last_page_len,
+                        const Arg& output, const Arg& lse, int page_size) {
+  if (!(q.tensor && is_half(*q) && shape_is(*q, {-1, kNumHeads, kHeadDim}))) {
+    fail("q", "bfloat16 or float16 [total_q, 32, 128]", describe(q.value));
+  }
+  const int64_t total_q = q->size(0);
+  for (const Arg* x : {&k_cache, &v_cache}) {
+    expect_tensor(*x, q->dtype(), {-1, page_size, kNumKvHeads, kHeadDim}, [&] {
+      return "[num_pages, " + std::to_string(page_size) + ", 8, 128] (q's dtype)";
+    });
+  }
+  expect_same_shape(v_cache, k_cache);
+  constexpr DLDataType kInt32{kDLInt, 32, 1};
+  expect_tensor(qo_indptr, kInt32, {-1}, [] { return std::string("[batch + 1]"); });
+  if (qo_indptr->size(0) < 1) fail("qo_indptr", "int32 [batch + 1]", describe(*qo_indptr));
+  const int64_t size = qo_indptr->size(0);
+  expect_tensor(kv_indptr, kInt32, {size},
+                [&] { return "[" + std::to_string(size) + "] (qo_indptr's shape)"; });
+  expect_tensor(kv_indices, kInt32, {-1}, [] { return std::string("[num_kv_indices]"); });
+  const int64_t num_kv_indices = kv_indices->size(0), batch = size - 1;
+  if (kv_last_page_len != nullptr) {
+    expect_tensor(*kv_last_page_len, kInt32, {batch},
+                  [&] { return "[" + std::to_string(batch) + "]"; });
+  }
+  if (batch == 0 && (total_q > 0 || num_kv_indices > 0)) {
+    fail("qo_indptr",
+         "at least one sequence for " + std::to_string(total_q) + " query rows and " +
+             std::to_string(num_kv_indices) + " pages",
          describe(*qo_indptr));
   }
   expect_tensor(output, q->dtype(), {total_q, kNumHeads, kHeadDim},
@@ -152,8 +190,37 @@ bool strides_ok(const TensorView& t) {
   return d == 3 || t.size(0) <= 1 || t.size(1) <= 1 || t.stride(0) == t.size(1) * step;
 }
 
+// arguments.cache_strides_ok: dense within a page (torch's is_contiguous of the first page: dims
+// of extent 1 ignored), a page stride that is a multiple of 8 elements and at least one page.
+bool cache_strides_ok(const TensorView& t) {
+  int64_t expected = 1;
+  for (int dim = 3; dim >= 1 && t.size(0) > 0; --dim) {
+    if (t.size(dim) != 1 && t.stride(dim) != expected) return false;
+    expected *= t.size(dim);
+  }
+  const int64_t page = t.size(1) * t.size(2) * t.size(3);
+  return t.size(0) <= 1 || (t.stride(0) % kAlignElements == 0 && t.stride(0) >= page);
+}
+
 const char* address(const TensorView& t) {
   return static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+}
+
+// The end of arguments.check_placement: args[0] on a CUDA device, every other one on it too.
+void check_same_cuda_device(std::initializer_list<const Arg*> args) {
+  const Arg& first = **args.begin();
+  const DLDevice device = first->device();
+  if (device.device_type != kDLCUDA) {
+    fail(first.name, "a CUDA tensor", "one on " + describe_device(device));
+  }
+  for (const Arg* x : args) {
+    const DLDevice d = (*x)->device();
+    if (d.device_type != device.device_type || d.device_id != device.device_id) {
+      fail(x->name,
+           "a tensor on " + describe_device(device) + " (" + first.name + "'s device)",
+           "one on " + describe_device(d));
+    }
+  }
 }
 
 // arguments.check_layout: args[0 .. 2] are q, k, v (token-strided), the rest contiguous; all on
@@ -176,19 +243,42 @@ void check_layout(std::initializer_list<const Arg*> args) {
       fail(x->name, "a 16-byte aligned data pointer", hex.str());
     }
   }
-  const Arg& first = **args.begin();
-  const DLDevice device = first->device();
-  if (device.device_type != kDLCUDA) {
-    fail(first.name, "a CUDA tensor", "one on " + describe_device(device));
+  check_same_cuda_device(args);
+}
+
+// arguments.check_layout for the paged definitions: first the strides of q (token-strided) and
+// of the caches (args[1], args[2]), then check_placement: every other tensor contiguous, each
+// one's data pointer 16-byte aligned, all on q's CUDA device.
+void check_paged_layout(std::initializer_list<const Arg*> args) {
+  const Arg* const* x = args.begin();
+  if (!strides_ok(**x[0])) {
+    fail(x[0]->name,
+         "the last dim contiguous, heads dense and a token stride that is a multiple of 8 "
+         "elements",
+         describe(**x[0]) + " with strides " + int_list((*x[0])->strides().data(), 3));
   }
-  for (const Arg* x : args) {
-    const DLDevice d = (*x)->device();
-    if (d.device_type != device.device_type || d.device_id != device.device_id) {
-      fail(x->name,
-           "a tensor on " + describe_device(device) + " (" + first.name + "'s device)",
-           "one on " + describe_device(d));
+  for (int i = 1; i < 3; ++i) {
+    if (!cache_strides_ok(**x[i])) {
+      fail(x[i]->name,
+           "pages dense inside and a page stride that is a multiple of 8 elements and at least "
+           "one page",
+           describe(**x[i]) + " with strides " + int_list((*x[i])->strides().data(), 4));
     }
   }
+  int index = 0;
+  for (const Arg* arg : args) {
+    const TensorView& t = **arg;
+    if (index++ >= 3 && !t.IsContiguous()) {
+      fail(arg->name, "a contiguous tensor",
+           describe(t) + " with strides " + int_list(t.strides().data(), t.ndim()));
+    }
+    if (reinterpret_cast<uintptr_t>(address(t)) % 16 != 0) {
+      std::ostringstream hex;
+      hex << "0x" << std::hex << reinterpret_cast<uintptr_t>(address(t));
+      fail(arg->name, "a 16-byte aligned data pointer", hex.str());
+    }
+  }
+  check_same_cuda_device(args);
 }
 
 // PREFILL_BUNDLE_VALIDATE=1: indptr values are checked on the host. Read on every call (a getenv
@@ -198,22 +288,28 @@ bool validate_indptr_values() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// arguments.check_indptr_values: both arrays are partitions, 0 = p0 <= ... <= pn = total. One
-// device-to-host copy each on the stream, and a sync.
+// An int32 tensor's values on the host: one device-to-host copy on the stream, and a sync.
+std::vector<int32_t> host_values(const Arg& x, cudaStream_t stream) {
+  std::vector<int32_t> values(x->size(0));
+  cudaError_t err = cudaMemcpyAsync(values.data(), address(*x), values.size() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << x.name << ": copying it to the host failed: "
+                                << cudaGetErrorString(err);
+  }
+  return values;
+}
+
+// arguments.check_indptr_values: both arrays are partitions, 0 = p0 <= ... <= pn = total
+// (kv_rows: what kv_indptr's total is called).
 void check_indptr_values(const Arg& qo_indptr, const Arg& kv_indptr, int64_t total_q,
-                         int64_t total_kv, cudaStream_t stream) {
+                         int64_t total_kv, cudaStream_t stream,
+                         const char* kv_rows = "total_kv") {
   const std::tuple<const Arg*, int64_t, const char*> arrays[] = {
-      {&qo_indptr, total_q, "total_q"}, {&kv_indptr, total_kv, "total_kv"}};
+      {&qo_indptr, total_q, "total_q"}, {&kv_indptr, total_kv, kv_rows}};
   for (const auto& [indptr, total, rows] : arrays) {
-    std::vector<int32_t> values((*indptr)->size(0));
-    cudaError_t err = cudaMemcpyAsync(values.data(), address(**indptr),
-                                      values.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                      stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess) {
-      TVM_FFI_THROW(RuntimeError) << indptr->name << ": copying it to the host failed: "
-                                  << cudaGetErrorString(err);
-    }
+    const std::vector<int32_t> values = host_values(*indptr, stream);
     const std::string name = indptr->name;
     const std::string expected =
         "non-decreasing values from 0 to " + std::string(rows) + " = " + std::to_string(total);
@@ -225,6 +321,32 @@ void check_indptr_values(const Arg& qo_indptr, const Arg& kv_indptr, int64_t tot
       if (values[i] < values[i - 1]) fail(indptr->name, expected, entry(i) + " < " + entry(i - 1));
     }
     if (values.back() != total) fail(indptr->name, expected, entry(values.size() - 1));
+  }
+}
+
+// arguments.check_paged_values: the indptr arrays partitions (kv_indptr of kv_indices), page ids
+// in [0, num_pages), last-page lengths in [1, page_size] where a sequence has pages.
+void check_paged_values(const Arg& qo_indptr, const Arg& kv_indptr, const Arg& kv_indices,
+                        const Arg* kv_last_page_len, int64_t total_q, int64_t num_pages,
+                        int page_size, cudaStream_t stream) {
+  check_indptr_values(qo_indptr, kv_indptr, total_q, kv_indices->size(0), stream,
+                      "num_kv_indices");
+  const std::vector<int32_t> ids = host_values(kv_indices, stream);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= num_pages) {
+      fail("kv_indices", "page ids in [0, " + std::to_string(num_pages) + ")",
+           "kv_indices[" + std::to_string(i) + "] = " + std::to_string(ids[i]));
+    }
+  }
+  if (kv_last_page_len == nullptr) return;
+  const std::vector<int32_t> bounds = host_values(kv_indptr, stream);
+  const std::vector<int32_t> lengths = host_values(*kv_last_page_len, stream);
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    if (bounds[s + 1] > bounds[s] && !(1 <= lengths[s] && lengths[s] <= page_size)) {
+      fail("kv_last_page_len",
+           "values in [1, " + std::to_string(page_size) + "] for sequences with pages",
+           "kv_last_page_len[" + std::to_string(s) + "] = " + std::to_string(lengths[s]));
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // Host side of prefill_entry.cu, part 3: kernel choice and launch (shared-memory opt-in, TMA
-// descriptors, the persistent schedule's counter), Params from checked arguments.
+// descriptors, the persistent schedule's counter), Params from checked arguments; the paged
+// definitions' launch (page-table parameters, 4-D cache descriptors).
 #pragma once
 
 #include "entry_checks.cuh"
@@ -67,6 +68,32 @@ CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int
   return map;
 }
 
+// A 4-D view (dim 128, kv head 8, row in page 64, page) of a paged cache [num_pages, 64, 8, 128],
+// pages page_stride elements apart, read in boxes of (64, 1, 64, 1): one page's 64 rows of one
+// head and 64 columns. Pages outside [0, num_pages) read as zeros; with no page at all, `data`
+// stands in (the kernel then addresses no page).
+CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int64_t page_stride) {
+  constexpr int kPageSize = 64;
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {kHeadDim, kNumKvHeads, kPageSize,
+                              cuuint64_t(std::max<int64_t>(num_pages, 1))};
+  const cuuint64_t strides[3] = {kHeadDim * 2, kNumKvHeads * kHeadDim * 2,
+                                 cuuint64_t(page_stride) * 2};  // bytes
+  const cuuint32_t box[4] = {64, 1, kPageSize, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult result = encode_tiled()(
+      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: cuTensorMapEncodeTiled failed ("
+                                << static_cast<int>(result) << ") for a cache of " << num_pages
+                                << " pages, " << page_stride << " elements apart";
+  }
+  return map;
+}
+
 // The persistent kernel's work counter (int32[2], zero between launches: the kernel's last
 // CTA resets it), one per device and stream, so that concurrent streams never share one.
 int* scheduler_counter(int device, cudaStream_t stream) {
@@ -105,18 +132,16 @@ int multiprocessors(int device) {
 // cannot see the device-side __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare different
 // __launch_bounds__ and cudaFuncGetAttributes reports the one of the version the device
 // loaded: maxThreadsPerBlock == kWgmmaThreads means the real wgmma kernel. Decided once per
-// kernel and device, with the shared-memory opt-in of the chosen kernel.
-// num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
-template <typename T, bool kCausal, bool kRagged>
-void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
-            const DLDevice& device) {
-  auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
-  auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
-  constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
-  enum Path : uint8_t { kUnknown, kPortable, kHopper };
-  static Path chosen[64] = {};
-  const bool cacheable = device.device_id >= 0 && device.device_id < 64;
-  Path path = cacheable ? chosen[device.device_id] : kUnknown;
+// kernel pair and device (`chosen`: the pair's cache), with the shared-memory opt-in of the
+// chosen kernel. The Hopper kernel folds the softmax scale into its exponentials, which needs a
+// positive scale; any other finite sm_scale runs the portable kernel.
+enum Path : uint8_t { kUnknown, kPortable, kHopper };
+
+template <typename Portable, typename Hopper>
+Path kernel_path(Portable* portable, Hopper* hopper, size_t hopper_smem, float scale_log2,
+                 int device_id, Path (&chosen)[64]) {
+  const bool cacheable = device_id >= 0 && device_id < 64;
+  Path path = cacheable ? chosen[device_id] : kUnknown;
   if (path == kUnknown) {
     path = kPortable;
     if (kEnableWgmmaPath) {
@@ -128,12 +153,44 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
       }
     }
     allow_smem(portable, kPortableSmemBytes);
-    if (path == kHopper) allow_smem(hopper, kHopperSmem);
-    if (cacheable) chosen[device.device_id] = path;
+    if (path == kHopper) allow_smem(hopper, hopper_smem);
+    if (cacheable) chosen[device_id] = path;
   }
-  // The Hopper kernel folds the softmax scale into its exponentials, which needs a positive
-  // scale; any other finite sm_scale runs the portable kernel.
-  if (!(params.scale_log2 > 0.f)) path = kPortable;
+  return scale_log2 > 0.f ? path : kPortable;
+}
+
+void check_launch(Path path, const char* hopper_name, const char* portable_name,
+                  int64_t num_ctas) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << (path == kHopper ? hopper_name : portable_name) << " launch ("
+                                << num_ctas << " CTAs) failed: " << cudaGetErrorString(err);
+  }
+}
+
+// The Hopper kernels' schedule: one CTA per item, or (persistent causal kernels, more items than
+// SMs) one per SM drawing items from the stream's counter. Returns the grid size.
+template <bool kCausal>
+int64_t hopper_schedule(HopperParams& hp, int64_t num_items, const DLDevice& device,
+                        cudaStream_t stream) {
+  hp.num_items = static_cast<int>(num_items);
+  if (HopperTiles<kCausal>::kPersistent && num_items > multiprocessors(device.device_id)) {
+    hp.scheduler = scheduler_counter(device.device_id, stream);
+    return multiprocessors(device.device_id);
+  }
+  return num_items;
+}
+
+// num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
+template <typename T, bool kCausal, bool kRagged>
+void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
+            const DLDevice& device) {
+  auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
+  auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+  constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
+  static Path chosen[64] = {};
+  const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
+                                device.device_id, chosen);
   auto stream =
       static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
   const int64_t num_items = num_slots * kNumKvHeads;
@@ -150,21 +207,51 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
     const void* v = kv_rows > 0 ? params.v : params.q;
     hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, params.k_stride, 1, kBlockN);
     hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, params.v_stride, 1, kBlockN);
-    hp.num_items = static_cast<int>(num_items);
-    if (HopperTiles<kCausal>::kPersistent && num_items > multiprocessors(device.device_id)) {
-      num_ctas = multiprocessors(device.device_id);
-      hp.scheduler = scheduler_counter(device.device_id, stream);
-    }
+    num_ctas = hopper_schedule<kCausal>(hp, num_items, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
   } else {
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    const char* name = path == kHopper ? "gqa_prefill_wgmma_kernel" : "gqa_prefill_kernel";
-    TVM_FFI_THROW(RuntimeError) << name << " launch (" << num_ctas
-                                << " CTAs) failed: " << cudaGetErrorString(err);
+  check_launch(path, "gqa_prefill_wgmma_kernel", "gqa_prefill_kernel", num_ctas);
+}
+
+// The paged definitions (causal): the same schedule, K/V through the page table. Page size 64
+// reads pages through 4-D descriptors of the caches; page size 1 gathers rows (no descriptor).
+// Descriptors are encoded on every call, as for the ragged kernel: the caches move between
+// calls (flashinfer-bench clones every argument), so a descriptor kept by shape would be stale.
+template <typename T, int kPageSize>
+void launch_paged(const Params& params, const PageTable& pages, int64_t num_slots,
+                  int64_t q_rows, int64_t num_pages, const DLDevice& device) {
+  auto* portable = gqa_prefill_paged_kernel<T, kPageSize>;
+  auto* hopper = gqa_prefill_paged_wgmma_kernel<T, kPageSize>;
+  constexpr size_t kHopperSmem = HopperSmem<true>::kBytes;
+  static Path chosen[64] = {};
+  const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
+                                device.device_id, chosen);
+  auto stream =
+      static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  const int64_t num_items = num_slots * kNumKvHeads;
+  int64_t num_ctas = num_items;
+  if (path == kHopper) {
+    PagedHopperParams launch{};
+    HopperParams& hp = launch.hp;
+    hp.p = params;
+    const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+    hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
+                          kTokensPerTile);
+    if constexpr (kPageSize == 64) {
+      const bool any = num_pages > 0;
+      hp.k_map = page_tensor_map(any ? params.k : params.q, bf16, num_pages, pages.k_page_stride);
+      hp.v_map = page_tensor_map(any ? params.v : params.q, bf16, num_pages, pages.v_page_stride);
+    }
+    launch.pages = pages;
+    num_ctas = hopper_schedule<true>(hp, num_items, device, stream);
+    hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(launch);
+  } else {
+    const PagedParams launch{params, pages};
+    portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(launch);
   }
+  check_launch(path, "gqa_prefill_paged_wgmma_kernel", "gqa_prefill_paged_kernel", num_ctas);
 }
 
 // The kernels take token strides in 32 bits.

@@ -7,6 +7,24 @@
 
 namespace gqa_prefill {
 
+// Rows that must come back NaN (a paged item that met a page id out of range): normalize_rows
+// then writes NaN outputs (NaN x 1 / 4) and NaN lse (NaN + log2 4).
+template <int kDB>
+__device__ __forceinline__ void poison_rows(float (&acc)[kDB][4], float (&row_max)[2],
+                                            float (&row_sum)[2]) {
+  const float nan = __int_as_float(0x7fffffff);
+#pragma unroll
+  for (int db = 0; db < kDB; ++db) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[db][j] = nan;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_max[h] = nan;
+    row_sum[h] = 1.f;
+  }
+}
+
 // Epilogue, first half: normalizes the lane's two rows (16 warp + group + 8 h of the tile),
 // writes their lse and hands each packed pair of outputs (row, n8 block db) to `stage`, which
 // puts it where the second half (copy_rows_out) reads it.

@@ -53,6 +53,13 @@ struct HopperParams {
   int num_items;   // work items (query tile slot x KV head)
 };
 
+// The paged kernels' parameters: the Hopper ones, k_map / v_map 4-D views of the caches (page
+// size 64; unused for page size 1), and the page table.
+struct PagedHopperParams {
+  HopperParams hp;
+  PageTable pages;
+};
+
 // A work item as the producer hands it to the consumers.
 struct WorkItem {
   TileCoords t;
@@ -63,9 +70,11 @@ struct WorkItem {
 // The Hopper kernel's dynamic shared memory, the one source of its layout: byte offsets from
 // the 1024-byte aligned base (the kernel's `base`; kBytes includes the alignment slack).
 //   Q tile | K ring (kKvStages tiles) | V ring | O staging (causal only; else O reuses Q) |
-//   mbarriers (128 bytes, 8 each) | work-item slots (128 bytes)
-// mbarriers: full = data landed (1 arrival + TMA bytes, or the producer's item), empty = the
-// 256 consumer threads are done with it. Ring stage s / item slot i: the barrier + 8 * s (i).
+//   mbarriers (128 bytes, 8 each; then the K/V flags) | work-item slots (128 bytes)
+// mbarriers: full = data landed (the loader's arrivals + TMA bytes, or the producer's item),
+// empty = the 256 consumer threads are done with it. Ring stage s / item slot i: the barrier
+// + 8 * s (i). K/V flags: 4 bytes per ring stage, set with the V tile by a paged loader when
+// the item so far has met a page id out of range (kv_paged.cuh).
 template <bool kCausal>
 struct HopperSmem {
   using Tiles = HopperTiles<kCausal>;
@@ -82,9 +91,10 @@ struct HopperSmem {
   static constexpr uint32_t kVFull = kKEmpty + 8 * kKvStages, kVEmpty = kVFull + 8 * kKvStages;
   static constexpr uint32_t kItemFull = kVEmpty + 8 * kKvStages;
   static constexpr uint32_t kItemEmpty = kItemFull + 8 * kItemSlots;
+  static constexpr uint32_t kKvFlags = kItemEmpty + 8 * kItemSlots;  // + 4 * stage
   static constexpr uint32_t kItems = kBarriers + 128;  // WorkItem[kItemSlots]
   static constexpr uint32_t kBytes = kItems + 128 + 1024;  // + slack for the 1024 alignment
-  static_assert(kItemEmpty + 8 * kItemSlots <= kItems, "the barriers end before the item slots");
+  static_assert(kKvFlags + 4 * kKvStages <= kItems, "the barriers and flags end before the items");
   static_assert(kItemSlots * sizeof(WorkItem) <= 128, "the item slots fit");
   static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
 };

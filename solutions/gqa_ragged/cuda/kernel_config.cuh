@@ -49,4 +49,27 @@ struct Params {
   float scale_log2;  // sm_scale * log2(e): softmax runs in base 2 (exp2)
 };
 
+// Element offset of token `row` (>= 0) of a tensor whose tokens are `stride` elements apart:
+// one 32 x 32 -> 64-bit multiply.
+__device__ __forceinline__ uint64_t token_offset(int row, int stride) {
+  return uint64_t(uint32_t(row)) * uint32_t(stride);
+}
+
+// Paged K/V (the gqa_paged definitions): Params' k and v are the caches [num_pages, page_size,
+// 8, 128], kv_indptr indexes kv_indices (total_kv = num_kv_indices), and a sequence's keys are
+// found through its pages (kv_paged.cuh).
+struct PageTable {
+  const int* kv_indices;     // page ids
+  const int* last_page_len;  // [batch] keys on each sequence's last page; nullptr for page size 1
+  int num_pages;             // ids outside [0, num_pages) are never dereferenced
+  int64_t k_page_stride;     // elements from one page of k_cache to the next
+  int64_t v_page_stride;
+};
+
+// The portable kernel's parameters for a paged batch.
+struct PagedParams {
+  Params p;
+  PageTable pages;
+};
+
 }  // namespace gqa_prefill

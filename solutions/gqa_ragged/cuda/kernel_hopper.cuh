@@ -1,10 +1,13 @@
 // The Hopper kernel (FlashAttention-3 style: TMA, wgmma, warp-specialized; sm_90a only),
-// described below; its tile sizes, shared-memory layout and schedule are in hopper_layout.cuh.
+// described below, over either K/V source (kv_contiguous.cuh, kv_paged.cuh); its tile sizes,
+// shared-memory layout and schedule are in hopper_layout.cuh.
 #pragma once
 
 #include "epilogue.cuh"
 #include "hopper_layout.cuh"
 #include "kernel_config.cuh"
+#include "kv_contiguous.cuh"
+#include "kv_paged.cuh"
 #include "mask_softmax.cuh"
 #include "ptx_sm80.cuh"
 #include "ptx_sm90.cuh"
@@ -16,11 +19,12 @@ namespace gqa_prefill {
 //
 // FlashAttention-3's structure, with the same 128-row query tiles, row order and tile placement
 // as the portable kernel. 384 threads in three warpgroups:
-//   producer (warpgroup 0, one thread): takes work items (query tile, KV head), finds their
-//     sequence (locate_tile; in a malformed ragged batch it also poisons every item's slab,
-//     spare ones included) and hands them to the consumers through a 2-slot item buffer,
-//     then loads Q and streams K/V tiles with TMA into a 2-stage ring, each load completing
-//     on an mbarrier (full), each stage reused once the consumers release it (empty);
+//   producer (warpgroup 0; thread 0 leads): takes work items (query tile, KV head), finds
+//     their sequence (locate_tile; in a malformed ragged batch it also poisons every item's
+//     slab, spare ones included) and hands them to the consumers through a 2-slot item buffer,
+//     then loads Q with TMA; the K/V source's TileLoader (one thread issuing TMA boxes, or the
+//     warpgroup gathering paged rows) streams K/V tiles into a 2-stage ring, each load
+//     completing on an mbarrier (full), each stage reused once the consumers release it (empty);
 //   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
 //     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
 //     with S[n + 1] issued before P[n] V[n] so that the softmax of one tile runs while the
@@ -44,9 +48,9 @@ namespace gqa_prefill {
 // TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and what a wgmma descriptor of layout type
 // SWIZZLE_128B reads, K-major for Q and K, MN-major for V. The Q tile comes from a 3-D view
 // of q (dim, head, token), box (64, 4 heads, 32 tokens): row r = (token r / 4, head r % 4).
-// K/V tiles come from (dim, kv head, token), box (64, 1, kBlockN). Rows past a sequence's end
-// are loaded too (the next sequence's rows, or zeros past the tensor's end, which TMA fills):
-// their logits are masked to -inf, so they add 0 * finite to O.
+// K/V tiles come from the K/V source (contiguous: boxes (64, 1, kBlockN) of (dim, kv head,
+// token)). Keys past a sequence's end are masked to -inf, and the sources make sure that the V
+// rows there are finite (0 * NaN would be NaN).
 //
 // Only an sm_90a build compiles the body (wgmma, setmaxnreg); elsewhere the kernel is a stub
 // that traps. The host cannot see __CUDA_ARCH_FEAT_SM90_ALL, so the two versions declare
@@ -60,9 +64,13 @@ namespace gqa_prefill {
 #define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaStubThreads, 1)
 #endif
 
-template <typename T, bool kCausal, bool kRagged>
-__global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams).
+template <typename T, bool kCausal, typename Kv>
+__device__ __forceinline__ void hopper_attention(const HopperParams& hp,
+                                                 const typename Kv::Args& args) {
+  constexpr bool kRagged = Kv::kRagged;
+  using Loader = typename Kv::TileLoader;
   using Tiles = HopperTiles<kCausal>;
   using Smem = HopperSmem<kCausal>;
   constexpr int kBlockN = Tiles::kBlockN;
@@ -81,6 +89,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
   const uint32_t v_full = base + Smem::kVFull, v_empty = base + Smem::kVEmpty;
   const uint32_t item_full = base + Smem::kItemFull;  // + 8 * slot
   const uint32_t item_empty = base + Smem::kItemEmpty;
+  const uint32_t kv_flags = base + Smem::kKvFlags;  // + 4 * stage
   WorkItem* items = reinterpret_cast<WorkItem*>(wgmma_smem + (base - raw_base) + Smem::kItems);
 
   const int tid = threadIdx.x;
@@ -88,14 +97,15 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
     mbarrier_init(q_full, 1);
     mbarrier_init(q_empty, kConsumerThreads);
     for (int s = 0; s < kKvStages; ++s) {
-      mbarrier_init(k_full + 8 * s, 1);
+      mbarrier_init(k_full + 8 * s, Loader::kKFullArrivals);
       mbarrier_init(k_empty + 8 * s, kConsumerThreads);
-      mbarrier_init(v_full + 8 * s, 1);
+      mbarrier_init(v_full + 8 * s, Loader::kVFullArrivals);
       mbarrier_init(v_empty + 8 * s, kConsumerThreads);
     }
     for (int slot = 0; slot < Smem::kItemSlots; ++slot) {
       mbarrier_init(item_full + 8 * slot, 1);
-      mbarrier_init(item_empty + 8 * slot, kConsumerThreads);
+      // Read by the consumers and by the loader's threads other than the leader.
+      mbarrier_init(item_empty + 8 * slot, kConsumerThreads + Loader::kThreads - 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -109,60 +119,69 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
   }
 
   if (tid < 128) {
-    // ---- Producer warpgroup: one thread works, the others leave.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tiles::kProducerRegisters));
-    if (tid != 0) return;
-    tma_prefetch_descriptor(hp.q_map);
-    tma_prefetch_descriptor(hp.k_map);
-    tma_prefetch_descriptor(hp.v_map);
+    // ---- Producer warpgroup: the loader's threads work, the others leave. Thread 0 (the
+    // leader) draws the items and loads Q; the loader's other threads read each item.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(
+        Loader::template producer_registers<Tiles>()));
+    if (Loader::kThreads == 1 ? tid != 0 : tid >= Loader::kThreads) return;
+    const bool leader = Loader::kThreads == 1 || tid == 0;
+    Loader loader(hp, args, tid);
+    if (leader) tma_prefetch_descriptor(hp.q_map);
+    loader.prefetch_descriptors();
     uint32_t tile_count = 0;
     int item = blockIdx.x;
 #pragma unroll 1
     for (uint32_t n_item = 0;; ++n_item) {
       WorkItem w;
-      w.valid = 0;
-      while (item < hp.num_items) {
-        w.kv_head = item % kNumKvHeads;
-        const int tile_slot = item / kNumKvHeads;
-        // Every item this thread draws passes here once, spare ones included.
-        if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
-        if (locate_tile<kCausal, kRagged>(p, tile_slot, batch_ok, w.t)) {
-          w.valid = 1;
-          break;
+      // Fields a spare slot leaves unset would otherwise stay live from item to item.
+      if constexpr (Loader::kThreads > 1) w = WorkItem{};
+      if (leader) {
+        w.valid = 0;
+        while (item < hp.num_items) {
+          w.kv_head = item % kNumKvHeads;
+          const int tile_slot = item / kNumKvHeads;
+          // Every item this thread draws passes here once, spare ones included.
+          if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
+          if (Kv::template locate<kCausal>(p, args, tile_slot, batch_ok, w.t)) {
+            w.valid = 1;
+            break;
+          }
+          item = next_item(hp, item);  // a spare or malformed sequence's slot of a ragged batch
         }
-        item = next_item(hp, item);  // a spare or malformed sequence's slot of a ragged batch
+        const uint32_t slot = n_item % 2;
+        mbarrier_wait(item_empty + 8 * slot, ((n_item / 2) & 1) ^ 1);
+        items[slot] = w;
+        mbarrier_arrive(item_full + 8 * slot);
+      } else {
+        const uint32_t slot = n_item % 2;
+        mbarrier_wait(item_full + 8 * slot, (n_item / 2) & 1);
+        w = items[slot];
+        mbarrier_arrive(item_empty + 8 * slot);
       }
-      const uint32_t slot = n_item % 2;
-      mbarrier_wait(item_empty + 8 * slot, ((n_item / 2) & 1) ^ 1);
-      items[slot] = w;
-      mbarrier_arrive(item_full + 8 * slot);
       if (!w.valid) return;
 
-      mbarrier_wait(q_empty, (n_item & 1) ^ 1);
-      mbarrier_arrive_expect_tx(q_full, kQTileBytes);
-      for (int half = 0; half < 2; ++half) {
-        tma_load_3d(sQ + half * kQHalfBytes, hp.q_map, q_full, half * 64,
-                    w.kv_head * kGroupSize, w.t.q_row0);
+      if (leader) {
+        mbarrier_wait(q_empty, (n_item & 1) ^ 1);
+        mbarrier_arrive_expect_tx(q_full, kQTileBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load_3d(sQ + half * kQHalfBytes, hp.q_map, q_full, half * 64,
+                      w.kv_head * kGroupSize, w.t.q_row0);
+        }
       }
+      loader.start_item(w);
       const int num_kv_tiles = (w.t.kv_len + kBlockN - 1) / kBlockN;
 #pragma unroll 1
       for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
         const RingSlot ring(tile_count);
-        const int row = w.t.kv_start + n * kBlockN;
+        loader.template start_tile<Tiles>(w, n);
         mbarrier_wait(k_empty + 8 * ring.stage, ring.parity ^ 1);
-        mbarrier_arrive_expect_tx(k_full + 8 * ring.stage, Tiles::kKvTileBytes);
-        for (int half = 0; half < 2; ++half) {
-          tma_load_3d(sK + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
-                      hp.k_map, k_full + 8 * ring.stage, half * 64, w.kv_head, row);
-        }
+        loader.template load_k<Tiles>(sK + ring.stage * Tiles::kKvTileBytes,
+                                      k_full + 8 * ring.stage, w);
         mbarrier_wait(v_empty + 8 * ring.stage, ring.parity ^ 1);
-        mbarrier_arrive_expect_tx(v_full + 8 * ring.stage, Tiles::kKvTileBytes);
-        for (int half = 0; half < 2; ++half) {
-          tma_load_3d(sV + ring.stage * Tiles::kKvTileBytes + half * Tiles::kKvHalfBytes,
-                      hp.v_map, v_full + 8 * ring.stage, half * 64, w.kv_head, row);
-        }
+        loader.template load_v<Tiles>(sV + ring.stage * Tiles::kKvTileBytes,
+                                      v_full + 8 * ring.stage, kv_flags + 4 * ring.stage, w);
       }
-      item = next_item(hp, item);
+      if (leader) item = next_item(hp, item);
     }
   }
 
@@ -246,6 +265,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
     };
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
+    bool poisoned = false;  // the K/V source met a page id out of range (paged sources)
 
     mbarrier_wait(q_full, n_item & 1);
     // O's rescale factors for the softmax of the latest score tile, applied before the next
@@ -255,6 +275,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       // Prologue: P[0].
       const RingSlot first(tile_count);
       mbarrier_wait(k_full + 8 * first.stage, first.parity);
+      if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();  // cp.async -> wgmma
       float s[kSB][4];
       issue_s(s, first);
       wgmma_wait<0>();
@@ -276,6 +297,7 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       const RingSlot current(tile_count + n), next(tile_count + n + 1);
       mbarrier_wait(k_full + 8 * next.stage, next.parity);
       mbarrier_wait(v_full + 8 * current.stage, current.parity);
+      if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();
       float s[kSB][4];
       issue_s(s, next);
       rescale_rows(acc, rescale);
@@ -298,6 +320,17 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
     if (num_kv_tiles > 0) {
       const RingSlot last(tile_count + num_kv_tiles - 1);
       mbarrier_wait(v_full + 8 * last.stage, last.parity);
+      if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();
+      if constexpr (Kv::kMayPoison) poisoned = ld_shared_u32(kv_flags + 4 * last.stage) != 0;
+      if constexpr (Loader::kZeroesVTail) {
+        // Keys of the sequence in this tile; the rest of their page may hold NaN.
+        const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
+        if (rows < kBlockN &&
+            Loader::template zero_v_tail<Tiles>(sV + last.stage * Tiles::kKvTileBytes, rows,
+                                                ctid)) {
+          named_barrier_sync(3, kConsumerThreads);  // both warpgroups' zeros, before P V
+        }
+      }
       rescale_rows(acc, rescale);
       issue_pv(last);
       wgmma_wait<0>();
@@ -307,6 +340,10 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
       release_q();  // no key visible: Q was never read
     }
     tile_count += num_kv_tiles;
+
+    if constexpr (Kv::kMayPoison) {
+      if (poisoned || t.seq_kv < 0) poison_rows(acc, row_max, row_sum);
+    }
 
     // Epilogue: each warpgroup stages its own 64 rows (swizzled, conflict-free) and writes
     // them out; the barriers keep its threads from overwriting rows still being read.
@@ -337,8 +374,26 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
     named_barrier_sync(1 + warpgroup, 128);
     if constexpr (!Tiles::kOwnOutputBuffer) release_q();
   }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, bool kCausal, bool kRagged>
+__global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  hopper_attention<T, kCausal, ContiguousKv<kRagged>>(hp, {});
 #else
   __trap();  // never launched: the host runs the portable kernel where this stub is loaded
+#endif
+}
+
+// Paged K/V (causal only: the paged definitions are).
+template <typename T, int kPageSize>
+__global__ void GQA_WGMMA_BOUNDS
+gqa_prefill_paged_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  hopper_attention<T, true, PagedKv<kPageSize>>(params.hp, params.pages);
+#else
+  __trap();
 #endif
 }
 

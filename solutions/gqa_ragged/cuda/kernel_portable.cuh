@@ -1,65 +1,23 @@
-// The portable kernel (FlashAttention-2 style: mma.sync, ldmatrix, cp.async; any sm_90 build)
-// and its K/V tile loader. Described in attention_kernel.cuh.
+// The portable kernel (FlashAttention-2 style: mma.sync, ldmatrix, cp.async; any sm_90 build),
+// over either K/V source (kv_contiguous.cuh, kv_paged.cuh). Described in attention_kernel.cuh.
 #pragma once
 
 #include "epilogue.cuh"
 #include "kernel_config.cuh"
+#include "kv_contiguous.cuh"
+#include "kv_paged.cuh"
 #include "mask_softmax.cuh"
 #include "ptx_sm80.cuh"
 #include "tile_schedule.cuh"
 
 namespace gqa_prefill {
 
-// ---- Tile loads ---------------------------------------------------------------------------
-
-// Element offset of token `row` (>= 0) of a tensor whose tokens are `stride` elements apart:
-// one 32 x 32 -> 64-bit multiply.
-__device__ __forceinline__ uint64_t token_offset(int row, int stride) {
-  return uint64_t(uint32_t(row)) * uint32_t(stride);
-}
-
-// One thread's share of K and V tiles: 4 of a tile's 64 rows (row_in_tile + 16 i), one 16-byte
-// chunk of each. Rows at or past the sequence end are zero-filled without a global read (src
-// pointing at the tensor's first row), so padding keys give 0 * 0 in P V, not garbage. K and V
-// share one loader (one row index, one shared-memory address): the K/V loop runs at the
-// 128-register cap, and two loaders with runtime token strides made it spill (TUNING.md).
-template <typename T>
-struct KvTileLoader {
-  const T* k_src;       // this thread's chunk of the sequence's k row row_in_tile
-  const T* v_src;       // ... and of its v row
-  uint32_t thread_dst;  // shared-memory byte address of the chunk in K's tile row row_in_tile
-  int row_in_tile;
-
-  static constexpr int kRowsPerPass = kNumThreads / kChunksPerRow;
-
-  __device__ __forceinline__ KvTileLoader(const Params& p, int seq_start, int kv_head,
-                                          const T* k_tile, int tid) {
-    row_in_tile = tid / kChunksPerRow;
-    const int column = kv_head * kHeadDim + tid % kChunksPerRow * 8;
-    k_src = static_cast<const T*>(p.k) + token_offset(seq_start + row_in_tile, p.k_stride) + column;
-    v_src = static_cast<const T*>(p.v) + token_offset(seq_start + row_in_tile, p.v_stride) + column;
-    thread_dst = smem_addr(k_tile + row_in_tile * kSmemStride + column % kHeadDim);
-  }
-
-  // Loads keys [key0, key0 + 64) of a sequence of seq_len keys from src (k_src or v_src; tokens
-  // token_stride elements apart; tensor: its first row) into the tile tile_offset bytes past K's.
-  __device__ __forceinline__ void load(const T* src, const void* tensor, int token_stride,
-                                       uint32_t tile_offset, int key0, int seq_len) const {
-#pragma unroll
-    for (int i = 0; i < kPortableBlockN / kRowsPerPass; ++i) {
-      const int key = key0 + i * kRowsPerPass;
-      const bool valid = key + row_in_tile < seq_len;
-      cp_async_16(thread_dst + tile_offset + i * kRowsPerPass * kSmemStride * 2,
-                  valid ? static_cast<const void*>(src + token_offset(key, token_stride)) : tensor,
-                  valid ? 16 : 0);
-    }
-  }
-};
-
 // ---- The portable kernel (mma.sync) -------------------------------------------------------
 
-template <typename T, bool kCausal, bool kRagged>
-__global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Params p) {
+// The kernel body for K/V source Kv (its Args: what the source needs beyond Params).
+template <typename T, bool kCausal, typename Kv>
+__device__ __forceinline__ void portable_attention(const Params& p, const typename Kv::Args& args) {
+  constexpr bool kRagged = Kv::kRagged;
   using Ops = ElementOps<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -75,7 +33,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     if (!batch_ok) poison_slab<T, kNumThreads>(p, slot, kv_head, tid);
   }
   TileCoords t;
-  if (!locate_tile<kCausal, kRagged>(p, slot, batch_ok, t)) return;
+  if (!Kv::template locate<kCausal>(p, args, slot, batch_ok, t)) return;
   const int num_kv_tiles = (t.kv_len + kPortableBlockN - 1) / kPortableBlockN;
 
   const int warp = tid / 32;
@@ -104,9 +62,8 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
       cp_async_16(smem_addr(sQ + row * kSmemStride + chunk * 8), src, valid ? 16 : 0);
     }
   }
-  const KvTileLoader<T> kv_loader(p, t.kv_start, kv_head, sK, tid);
-  constexpr uint32_t kVTileOffset = kPortableBlockN * kSmemStride * 2;  // sV - sK, bytes
-  if (num_kv_tiles > 0) kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, 0, t.seq_kv);
+  typename Kv::template RowLoader<T> kv_loader(p, args, t, kv_head, sK, tid);
+  if (num_kv_tiles > 0) kv_loader.load_k(0, t.seq_kv);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -141,7 +98,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
       cp_async_wait_all();  // K[n] has landed ...
       __syncthreads();      // ... for all threads, and every warp is done reading V[n - 1]
     }
-    kv_loader.load(kv_loader.v_src, p.v, p.v_stride, kVTileOffset, key0, t.seq_kv);
+    kv_loader.load_v(key0, t.seq_kv);
     cp_async_commit();
 
     // S = Q K^T: 16 rows x 64 keys per warp.
@@ -174,7 +131,7 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     cp_async_wait_all();  // V[n] has landed ...
     __syncthreads();      // ... for all threads, and every warp is done reading K[n]
     if (n + 1 < num_kv_tiles) {
-      kv_loader.load(kv_loader.k_src, p.k, p.k_stride, 0, key0 + kPortableBlockN, t.seq_kv);
+      kv_loader.load_k(key0 + kPortableBlockN, t.seq_kv);
       cp_async_commit();
     }
 
@@ -196,9 +153,27 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
     }
   }
 
+  // A paged item that met a page id out of range (any thread's load), or whose sequence has a
+  // malformed last-page length, comes back NaN.
+  if constexpr (Kv::kMayPoison) {
+    if (__syncthreads_or(kv_loader.saw_bad_page()) || t.seq_kv < 0) {
+      poison_rows(acc, row_max, row_sum);
+    }
+  }
   // Epilogue: stage each warp's 16 rows in its own rows of sQ (only this warp ever reads
   // them, and it is past its last read).
   write_output<T>(p, t, kv_head, acc, row_max, row_sum, sQ, warp, lane);
+}
+
+template <typename T, bool kCausal, bool kRagged>
+__global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Params p) {
+  portable_attention<T, kCausal, ContiguousKv<kRagged>>(p, {});
+}
+
+// Paged K/V (causal only: the paged definitions are).
+template <typename T, int kPageSize>
+__global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_paged_kernel(const PagedParams pp) {
+  portable_attention<T, true, PagedKv<kPageSize>>(pp.p, pp.pages);
 }
 
 }  // namespace gqa_prefill

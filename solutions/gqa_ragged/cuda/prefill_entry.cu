@@ -4,6 +4,10 @@
 //
 //   run_padded(q, k, v, causal, out)                                  mini_flash_attention_prefill
 //   run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)  gqa_ragged_prefill_causal_...
+//   run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+//                  sm_scale, output, lse)                          gqa_paged_prefill_..._ps64
+//   run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse)
+//                                                                  gqa_paged_prefill_..._ps1
 //
 // The argument contract and its error messages are prefill_bundle/arguments.py's, reproduced
 // here byte for byte (every error a ValueError "<argument>: expected <what>, got <what>"): q, k,
@@ -11,11 +15,13 @@
 // one CUDA device; causal a bool or a 0-d bool tensor, sm_scale a finite real. Arguments come in
 // as AnyView, so that a wrong type gets that message too. An sm_90a build runs the wgmma kernel,
 // an sm_90 build the portable one (see launch()). Indptr values are read on the device only
-// (the kernels cope with malformed ones), unless PREFILL_BUNDLE_VALIDATE=1.
+// (the kernels cope with malformed ones), unless PREFILL_BUNDLE_VALIDATE=1; so are page ids and
+// last-page lengths. The caches k_cache / v_cache [num_pages, page_size, 8, 128] are dense
+// within a page, pages any multiple of 8 elements (and at least a page) apart.
 //
 // The host code, in reading order: entry_describe.cuh (error-message text), entry_checks.cuh
-// (the contract's checks), entry_launch.cuh (kernel choice and launch), then the two entry
-// points below.
+// (the contract's checks), entry_launch.cuh (kernel choice and launch), then the entry points
+// below.
 
 #include "entry_launch.cuh"
 
@@ -94,5 +100,95 @@ void run_ragged(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_a
       : launch<half, true, true>(params, num_slots, total_q, total_kv, device);
 }
 
+// Both paged definitions; kv_last_page_len is nullptr for page size 1 (every page full).
+template <int kPageSize>
+void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& qo_indptr,
+               const Arg& kv_indptr, const Arg& kv_indices, const Arg* kv_last_page_len,
+               const AnyView& sm_scale_arg, const Arg& output, const Arg& lse) {
+  check_paged_shapes(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                     output, lse, kPageSize);
+  const double sm_scale = check_sm_scale(sm_scale_arg);
+  if (kv_last_page_len != nullptr) {
+    check_paged_layout({&q, &k_cache, &v_cache, &qo_indptr, &kv_indptr, &kv_indices,
+                        kv_last_page_len, &output, &lse});
+  } else {
+    check_paged_layout({&q, &k_cache, &v_cache, &qo_indptr, &kv_indptr, &kv_indices, &output,
+                        &lse});
+  }
+  const int64_t batch = qo_indptr->size(0) - 1, total_q = q->size(0);
+  const int64_t num_pages = k_cache->size(0), num_kv_indices = kv_indices->size(0);
+  const DLDevice device = q->device();
+  tvm::ffi::CUDADeviceGuard guard(device.device_id);
+  if (validate_indptr_values()) {
+    check_paged_values(
+        qo_indptr, kv_indptr, kv_indices, kv_last_page_len, total_q, num_pages, kPageSize,
+        static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id)));
+  }
+  // The kernels count query rows and keys (pages x page size) in 32 bits.
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  if (total_q > kMaxRows || num_kv_indices > kMaxRows / kPageSize) {
+    TVM_FFI_THROW(ValueError) << "q, kv_indices: more than 2^31 - 1 query rows or keys (pages x "
+                                 "page size) are not supported";
+  }
+  if (total_q == 0) return;  // no query row: nothing to write
+
+  Params params{};
+  params.q = address(*q);
+  params.q_stride = token_stride_32(q);
+  params.k = address(*k_cache);
+  params.v = address(*v_cache);
+  params.out = const_cast<char*>(address(*output));
+  params.lse = reinterpret_cast<float*>(const_cast<char*>(address(*lse)));
+  params.qo_indptr = reinterpret_cast<const int*>(address(*qo_indptr));
+  params.kv_indptr = reinterpret_cast<const int*>(address(*kv_indptr));
+  params.batch = static_cast<int>(batch);
+  params.total_q = static_cast<int>(total_q);
+  params.total_kv = static_cast<int>(num_kv_indices);  // kv_indptr indexes kv_indices
+  params.scale_log2 = static_cast<float>(sm_scale * kLog2E);
+  PageTable pages{};
+  pages.kv_indices = reinterpret_cast<const int*>(address(*kv_indices));
+  pages.last_page_len = kv_last_page_len != nullptr
+                            ? reinterpret_cast<const int*>(address(**kv_last_page_len))
+                            : nullptr;
+  // Ids are int32: past 2^31 - 1 pages every id is in range anyway.
+  pages.num_pages = static_cast<int>(std::min(num_pages, kMaxRows));
+  // With one page (or none) no id addresses a second: its stride is any (cache_strides_ok).
+  const int64_t page_elements = int64_t(kPageSize) * kNumKvHeads * kHeadDim;
+  pages.k_page_stride = num_pages > 1 ? k_cache->stride(0) : page_elements;
+  pages.v_page_stride = num_pages > 1 ? v_cache->stride(0) : page_elements;
+  // Sequence s owns slots qo_indptr[s] / 32 + s ..., as in the ragged kernel.
+  const int64_t num_slots = total_q / kTokensPerTile + batch;
+  check_grid(num_slots * kNumKvHeads);
+  q->dtype().code == kDLBfloat
+      ? launch_paged<__nv_bfloat16, kPageSize>(params, pages, num_slots, total_q, num_pages,
+                                               device)
+      : launch_paged<half, kPageSize>(params, pages, num_slots, total_q, num_pages, device);
+}
+
+void run_paged_ps64(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg,
+                    AnyView qo_indptr_arg, AnyView kv_indptr_arg, AnyView kv_indices_arg,
+                    AnyView kv_last_page_len_arg, AnyView sm_scale_arg, AnyView output_arg,
+                    AnyView lse_arg) {
+  const Arg q("q", q_arg), k_cache("k_cache", k_cache_arg), v_cache("v_cache", v_cache_arg),
+      qo_indptr("qo_indptr", qo_indptr_arg), kv_indptr("kv_indptr", kv_indptr_arg),
+      kv_indices("kv_indices", kv_indices_arg),
+      kv_last_page_len("kv_last_page_len", kv_last_page_len_arg), output("output", output_arg),
+      lse("lse", lse_arg);
+  run_paged<64>(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, &kv_last_page_len,
+                sm_scale_arg, output, lse);
+}
+
+void run_paged_ps1(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg, AnyView qo_indptr_arg,
+                   AnyView kv_indptr_arg, AnyView kv_indices_arg, AnyView sm_scale_arg,
+                   AnyView output_arg, AnyView lse_arg) {
+  const Arg q("q", q_arg), k_cache("k_cache", k_cache_arg), v_cache("v_cache", v_cache_arg),
+      qo_indptr("qo_indptr", qo_indptr_arg), kv_indptr("kv_indptr", kv_indptr_arg),
+      kv_indices("kv_indices", kv_indices_arg), output("output", output_arg), lse("lse", lse_arg);
+  run_paged<1>(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, nullptr, sm_scale_arg,
+               output, lse);
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged, run_ragged);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64, run_paged_ps64);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps1, run_paged_ps1);

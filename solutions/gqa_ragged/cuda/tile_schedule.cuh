@@ -12,8 +12,9 @@ namespace gqa_prefill {
 // Where a CTA's query tile lies.
 struct TileCoords {
   int q_row0;         // the tile's first token among q's rows
-  int kv_start;       // the sequence's first row of k / v
-  int seq_kv;         // keys in the sequence
+  int kv_start;       // the sequence's first row of k / v (paged: its first kv_indices entry)
+  int seq_kv;         // keys in the sequence; -1: a paged sequence with a malformed last-page
+                      // length, whose rows come back NaN (kv_len is 0 then)
   int tok0;           // the tile's first token within its sequence
   int tile_tokens;    // tokens in the tile (fewer than 32 only in a sequence's last tile)
   int causal_offset;  // seq_kv - seq_q: bottom-right alignment
@@ -103,12 +104,18 @@ __device__ __forceinline__ void poison_slab(const Params& p, int slot, int kv_he
   }
 }
 
+// Keys of ragged sequence `seq`, whose K/V entries are kv_indptr[seq] .. kv_indptr[seq + 1]:
+// one key an entry (rows of k and v). A paged batch lists pages there (PagedKeys, kv_paged.cuh).
+struct RowsAreKeys {
+  __device__ __forceinline__ int operator()(int /*seq*/, int entries) const { return entries; }
+};
+
 // The query tile of CTA slot `slot` (blockIdx.x / 8); false for a spare slot (uniform over
 // the CTA, which then returns) and, in a malformed batch (!batch_ok), for a slot of a sequence
 // that is not well-formed.
-template <bool kCausal, bool kRagged>
+template <bool kCausal, bool kRagged, typename SequenceKeys = RowsAreKeys>
 __device__ __forceinline__ bool locate_tile(const Params& p, int slot, bool batch_ok,
-                                            TileCoords& t) {
+                                            TileCoords& t, const SequenceKeys& keys = {}) {
   // Row indices fit in 32 bits (the host checks batch * seq_q and batch * seq_kv); element
   // offsets are 64-bit.
   int q_start, seq_q, local;
@@ -135,7 +142,7 @@ __device__ __forceinline__ bool locate_tile(const Params& p, int slot, bool batc
     q_start = q_begin;
     t.kv_start = kv_begin;
     seq_q = q_end - q_begin;
-    t.seq_kv = kv_end - kv_begin;
+    t.seq_kv = keys(lo, kv_end - kv_begin);
     local = slot - (qo_begin / kTokensPerTile + lo);
   } else {
     // Every sequence's last tiles first (the heaviest under a causal mask): the persistent

@@ -71,7 +71,7 @@ CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int
 // A 4-D view (dim 128, kv head 8, row in page 64, page) of a paged cache [num_pages, 64, 8, 128],
 // pages page_stride elements apart, read in boxes of (64, 1, 64, 1): one page's 64 rows of one
 // head and 64 columns. Pages outside [0, num_pages) read as zeros; with no page at all, `data`
-// stands in (the kernel then addresses no page).
+// is a stand-in (q) and the kernel addresses no page.
 CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int64_t page_stride) {
   constexpr int kPageSize = 64;
   CUtensorMap map;
@@ -240,9 +240,8 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
                           kTokensPerTile);
     if constexpr (kPageSize == 64) {
-      const bool any = num_pages > 0;
-      hp.k_map = page_tensor_map(any ? params.k : params.q, bf16, num_pages, pages.k_page_stride);
-      hp.v_map = page_tensor_map(any ? params.v : params.q, bf16, num_pages, pages.v_page_stride);
+      hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride);
+      hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride);
     }
     launch.pages = pages;
     num_ctas = hopper_schedule<true>(hp, num_items, device, stream);

@@ -135,8 +135,10 @@ void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& 
   Params params{};
   params.q = address(*q);
   params.q_stride = token_stride_32(q);
-  params.k = address(*k_cache);
-  params.v = address(*v_cache);
+  // Rows that are zero-filled still name an address (the cache's first bytes, which the kernels
+  // never read); without a page, q's stand in.
+  params.k = num_pages > 0 ? address(*k_cache) : params.q;
+  params.v = num_pages > 0 ? address(*v_cache) : params.q;
   params.out = const_cast<char*>(address(*output));
   params.lse = reinterpret_cast<float*>(const_cast<char*>(address(*lse)));
   params.qo_indptr = reinterpret_cast<const int*>(address(*qo_indptr));

@@ -16,6 +16,8 @@ from prefill_bundle.flashinfer_adapter import PagedPrefillAdapter
 from prefill_bundle.testing import PagedCase, check_outputs, make_inputs, reference_outputs
 
 HAS_CUDA = torch.cuda.is_available()
+# FlashInfer's own methods, taken before any test enables apply (which patches them).
+PLAN, RUN = BatchPrefillWithPagedKVCacheWrapper.plan, BatchPrefillWithPagedKVCacheWrapper.run
 
 
 class Recorder:
@@ -23,9 +25,8 @@ class Recorder:
 
     def __init__(self):
         self.calls = []
-        Wrapper = BatchPrefillWithPagedKVCacheWrapper
-        self.plan = functools.wraps(Wrapper.plan)(lambda *a, **k: self.calls.append("plan"))
-        self.run = functools.wraps(Wrapper.run)(lambda *a, **k: self.calls.append("run") or "orig")
+        self.plan = functools.wraps(PLAN)(lambda *a, **k: self.calls.append("plan"))
+        self.run = functools.wraps(RUN)(lambda *a, **k: self.calls.append("run") or "orig")
 
 
 def patched(monkeypatch):

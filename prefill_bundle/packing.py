@@ -27,6 +27,8 @@ TRITON_SOURCES = ("triton_prefill.py", "attention_kernel.py", "ragged_batch.py",
 TILELANG_SOURCES = (
     "tilelang_prefill.py",
     "gqa_prefill_kernel.py",
+    "gqa_prefill_shapes.py",
+    "gqa_prefill_kv.py",
     "gqa_prefill_steps.py",
     "gqa_prefill_ws.py",
     "gqa_prefill_pipelined.py",

@@ -64,8 +64,9 @@ def kernel_module():
 _compiled = {}
 
 
-def compile_fresh(kernels, dtype: str, causal: bool):
-    """(kernel, ptxas's verbose report) of a variant, compiled past TileLang's caches."""
+def compile_fresh(kernels, dtype: str, causal: bool, **config):
+    """(kernel, ptxas's verbose report) of a variant (config: compile_variant's), compiled past
+    TileLang's caches."""
     report = io.StringIO()
     handler = logging.StreamHandler(report)
     logging.getLogger("tilelang").addHandler(handler)  # TILELANG_VERBOSE: ptxas's report
@@ -73,8 +74,8 @@ def compile_fresh(kernels, dtype: str, causal: bool):
     try:
         start = time.perf_counter()
         with mock.patch.dict(os.environ, {"TILELANG_VERBOSE": "1"}):
-            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A)
-        print(f"compiled {dtype} causal={causal} in {time.perf_counter() - start:.1f} s")
+            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A, **config)
+        print(f"compiled {dtype} causal={causal} {config} in {time.perf_counter() - start:.1f} s")
     finally:
         tilelang.enable_cache()
         logging.getLogger("tilelang").removeHandler(handler)
@@ -150,6 +151,8 @@ _CONTIGUOUS = "T.Tensor([rows, heads, HEAD_DIM], dtype)"
 # The kernel's modules (gqa_prefill_kernel.py imports the others relatively).
 KERNEL_FILES = (
     "gqa_prefill_kernel.py",
+    "gqa_prefill_shapes.py",
+    "gqa_prefill_kv.py",
     "gqa_prefill_steps.py",
     "gqa_prefill_ws.py",
     "gqa_prefill_pipelined.py",
@@ -198,8 +201,16 @@ _CPU_FORM = [
     ("T.alloc_shared(", "T.alloc_local("),
     ("T.alloc_fragment(", "T.alloc_local("),
     ("T.Parallel(", "T.grid("),
+    (", annotations=ASYNC_COPY)", ")"),  # cp.async hints of the paged loads: T.grid takes none
     (", threads=threads)", ")"),
     (_STRIDED, _CONTIGUOUS),
+    # The paged caches likewise (pages dense) and the page strides' assumption with them.
+    (
+        "T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], dtype)",
+        "T.Tensor(cache_shape, dtype)",
+    ),
+    ("T.assume(k_page_stride % 8 == 0)", "pass"),
+    ("T.assume(v_page_stride % 8 == 0)", "pass"),
 ]
 
 

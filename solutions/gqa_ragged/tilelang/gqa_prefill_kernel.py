@@ -1,13 +1,16 @@
-"""TileLang GQA prefill attention over a ragged batch (32 query heads, 8 KV heads, head dim 128):
-the variants, their tile configs and compilation.
+"""TileLang GQA prefill attention over a ragged batch or a paged KV cache (32 query heads, 8 KV
+heads, head dim 128): the variants, their tile configs and compilation.
 
-One kernel serves both definitions: a padded [batch, seq, heads, dim] batch is a ragged batch of
-batch * seq rows with indptr = arange(batch + 1) * seq. Lengths and the token strides of q, k
-and v are symbolic (total_q, total_kv, len_indptr, q_stride, ...), so one compiled kernel per
-(dtype, causal, tile config) serves every shape and layout.
+One kernel serves both ragged definitions: a padded [batch, seq, heads, dim] batch is a ragged
+batch of batch * seq rows with indptr = arange(batch + 1) * seq. The paged definitions get the
+same program with a paged K/V load step (page size 64 or 1). Lengths, page counts and the token
+and page strides are symbolic (total_q, total_kv, len_indptr, q_stride, num_pages, ...), so one
+compiled kernel per (dtype, causal, page size, tile config) serves every shape and layout.
 
 The files: gqa_prefill_steps.py builds the steps once per variant (work split, malformed-batch
-checks, masks, online softmax, epilogue); two sibling programs are written in them,
+checks, masks, online softmax, epilogue) around the K/V source gqa_prefill_kv.py gives (the
+kernel's K/V arguments and loads, ragged or paged; gqa_prefill_shapes.py holds the head counts
+and the q/k/v row layout); two sibling programs are written in them,
 gqa_prefill_ws.py (the solutions' kernels: FA3's structure written out, a TMA producer warp, an
 mbarrier ring of K/V tiles, two consumer warpgroups issuing wgmma asynchronously so that the
 softmax of KV tile k runs beside P V of tile k - 1; the causal one persistent) and
@@ -21,13 +24,16 @@ from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
-__all__ = ["HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "block_config", "compile_variant"]
+__all__ = ["HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config", "compile_variant"]
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}  # ex2.approx for exp2
 # (dtype, causal) of every kernel the entry points launch: run_padded all four, run_ragged the
 # causal two.
 VARIANTS = [(dtype, causal) for dtype in ("float16", "bfloat16") for causal in (True, False)]
+# (dtype, page size) of the paged kernels (causal): run_paged_ps64 and run_paged_ps1.
+PAGE_SIZES = (64, 1)
+PAGED_VARIANTS = [(dtype, size) for dtype in ("float16", "bfloat16") for size in PAGE_SIZES]
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
@@ -55,6 +61,7 @@ def gqa_prefill(
     pingpong: bool = False,
     persistent: bool = False,
     num_sms: int = DEFAULT_NUM_SMS,
+    page_size: int = None,
 ):
     """Build the T.prim_func of one variant.
 
@@ -67,6 +74,11 @@ def gqa_prefill(
     A row that sees no key gets 0 and -inf.
     Scheduler int32 [2]: the persistent kernel's work counters, zero before a launch and zero
     again after it (one per stream); the other programs ignore it.
+
+    page_size (64 or 1): K and V come from a paged cache instead, and the kernel takes
+    k_cache/v_cache, kv_indices, kv_last_page_len (page size 64 only), kv_rows and page_count
+    in their place (gqa_prefill_kv.paged_kv); a row that sees a key on a page id outside the
+    cache gets NaN (so does every row of its tile).
 
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
@@ -81,7 +93,7 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
-    steps = build_steps(dtype, causal, block_M, block_N)
+    steps = build_steps(dtype, causal, block_M, block_N, page_size)
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
@@ -91,9 +103,15 @@ def gqa_prefill(
 
 
 def compile_variant(
-    dtype: str, causal: bool, target=SM90A, num_sms: int = DEFAULT_NUM_SMS, **config
+    dtype: str,
+    causal: bool,
+    target=SM90A,
+    num_sms: int = DEFAULT_NUM_SMS,
+    page_size: int = None,
+    **config,
 ):
-    """Lower and compile one variant; config defaults to block_config(dtype, causal)."""
+    """Lower and compile one variant (K/V paged with page_size, else ragged); config defaults
+    to block_config(dtype, causal)."""
     config = config or block_config(dtype, causal)
-    func = gqa_prefill(dtype, causal, num_sms=num_sms, **config)
+    func = gqa_prefill(dtype, causal, num_sms=num_sms, page_size=page_size, **config)
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)

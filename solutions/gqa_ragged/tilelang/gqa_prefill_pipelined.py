@@ -11,22 +11,19 @@ from .gqa_prefill_steps import (
     KV_START,
     LOG2_E,
     NUM_HEADS,
-    NUM_KV_HEADS,
     Q_START,
     Q_TILE,
     SEQ_KV,
     SEQ_Q,
     TILE_FIELDS,
-    token_rows,
 )
 
 
 def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
     """One block per work item. overlap declares FA3's schedule for the loop body instead of
-    leaving it to TileLang (see gqa_prefill)."""
-    dtype, block_M, block_N = steps.dtype, steps.block_M, steps.block_N
-    total_q, total_kv, len_indptr = steps.total_q, steps.total_kv, steps.len_indptr
-    q_stride, k_stride, v_stride = steps.q_stride, steps.k_stride, steps.v_stride
+    leaving it to TileLang (see gqa_prefill; ragged K/V only: a paged tile's copies are several
+    statements)."""
+    dtype, block_M, block_N, kv_source = steps.dtype, steps.block_M, steps.block_N, steps.kv
     num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
     slot_of, Locate, CheckBatch, CheckTile, Poison = (
         steps.slot_of, steps.Locate, steps.CheckBatch, steps.CheckTile, steps.Poison
@@ -35,19 +32,8 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
         steps.bounds, steps.MMA0, steps.Softmax, steps.Rescale, steps.MMA1, steps.Epilogue
     )  # fmt: skip
 
-    @T.prim_func
-    def main(
-        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
-        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
-        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
-        qo_indptr: T.Tensor([len_indptr], T.int32),
-        kv_indptr: T.Tensor([len_indptr], T.int32),
-        kv_rows: T.int32,
-        sm_scale: T.float32,
-        Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-        LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
-        Scheduler: T.Tensor([2], T.int32),
-    ):
+    @T.macro
+    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
         # One flat grid axis (no 65535 limit), heads fastest: the 32 heads of a query tile run
         # side by side, 4 of them on each KV tile they load (L2).
         with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
@@ -71,11 +57,14 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             tile = T.alloc_local([TILE_FIELDS], T.int32)
             ok = T.alloc_local([1], T.int32)
             batch_ok = T.alloc_local([1], T.int32)
-            indptr = (qo_indptr, kv_indptr, kv_rows)
+            indptr = (qo_indptr, kv_source.kv_indptr(kv), kv_source.kv_rows(kv), kv)
+            scratch = kv_source.alloc_scratch()
+            if kv_source.InitScratch is not None:
+                kv_source.InitScratch(scratch)
             # Every thread runs the malformed-batch tests whole (this program is the CPU tests'
             # stand-in; gqa_prefill_ws shares them out).
             CheckBatch(indptr, 0, 1, batch_ok)
-            Locate(block, qo_indptr, kv_indptr, seq, tile)
+            Locate(block, qo_indptr, kv, seq, tile)
             if batch_ok[0] == 0:
                 CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
                 if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
@@ -106,21 +95,22 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
                         order=[0, 2, 3, *range(6, 14), 4, 1, 5],
                         stage=[0, 0, 0, *[0] * 8, 1, 0, 1],
                     )
-                    if overlap
+                    if overlap and kv_source.page_size is None
                     else dict(num_stages=num_stages)
                 )
                 for k in T.Pipelined(loop_range, **schedule):
                     MMA0(
-                        K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0
-                    )
+                        kv, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end,
+                        q_pos0, scratch,
+                    )  # fmt: skip
                     Softmax(acc_s, *stats, scale_log2)
                     T.copy(acc_s, acc_s_cast)
                     Rescale(acc_o, scores_scale)
-                    MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head)
+                    MMA1(kv, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head, seq_kv, scratch)
 
             Epilogue(
                 acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start,
-                q_tile, seq_q, head,
+                q_tile, seq_q, head, kv_source.item_poisoned(scratch, (0,)),
             )  # fmt: skip
 
-    return main
+    return kv_source.kernel(Body)

@@ -9,10 +9,12 @@ slots and an item finds its sequence by a binary search over qo_indptr. A paddin
 holding a full block's shared memory just to exit.
 
 Malformed batches: the indptr values are read on the GPU only. The batch is valid when both
-arrays run non-decreasing from 0 to their row counts (total_q, kv_rows); every block tests that
-once, and in a valid batch nothing else changes. Otherwise sequence s is well-formed when, in
-both arrays, 0 <= a[s] <= a[s + 1] <= rows, no earlier entry exceeds a[s] and no later one is
-below a[s + 1]: its rows are computed as usual (the search still finds its slots, and no two
+arrays run non-decreasing from 0 to their row counts (total_q, kv_rows: key rows, or page-table
+entries for a paged cache) and, paged with page size 64, every sequence with pages has a
+last-page length in [1, 64]; every block tests that once, and in a valid batch nothing else
+changes. Otherwise sequence s is well-formed when, in both arrays, 0 <= a[s] <= a[s + 1] <=
+rows, no earlier entry exceeds a[s] and no later one is below a[s + 1] (and its last-page
+length is in range): its rows are computed as usual (the search still finds its slots, and no two
 well-formed sequences share a row), no other tile computes anything, and each item also writes
 NaN into the rows of its slot's row range [slot * block_M, (slot + 1) * block_M) that no
 well-formed sequence covers, output and lse of its head. The slots' ranges cover every row, and
@@ -25,8 +27,11 @@ from types import SimpleNamespace
 
 import tilelang.language as T
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
-GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS  # query head h reads KV head h // GROUP_SIZE
+from .gqa_prefill_kv import build_kv
+from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
+
+__all__ = ["GROUP_SIZE", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "build_steps", "token_rows"]
+
 LOG2_E = 1.0 / math.log(2.0)
 MAX_BATCH_BITS = 31  # binary search depth: any int32 batch size (idle steps cost a compare)
 
@@ -44,25 +49,26 @@ POISON_SLOT = 7  # in a malformed batch the slot whose rows the item poisons, el
 ITEM_FIELDS = 8
 
 
-def token_rows(rows, heads, token_stride, dtype):
-    """[rows, heads, 128] with any token stride, heads dense: q, k and v may be slices of a fused
-    QKV projection. The kernels read them through TMA descriptors, which take the stride from
-    the tensor on each call, so a contiguous tensor gets the same device code."""
-    return T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1], dtype)
-
-
-def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleNamespace:
+def build_steps(
+    dtype: str, causal: bool, block_M: int, block_N: int, page_size: int = None
+) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
-    plain helpers) its programs are written in; see gqa_prefill_kernel.gqa_prefill for the
-    arguments. Each program unpacks what it uses under the same names.
+    plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
+    a paged cache (page_size 64 or 1): kv, the K/V source (gqa_prefill_kv), gives the kernel's
+    arguments and the K/V loads. See gqa_prefill_kernel.gqa_prefill for the arguments. Each
+    program unpacks what it uses under the same names.
     """
     total_q = T.dynamic("total_q")
-    total_kv = T.dynamic("total_kv")
     len_indptr = T.dynamic("len_indptr")
-    q_stride, k_stride, v_stride = (T.dynamic(f"{x}_stride") for x in "qkv")  # in elements
+    q_stride = T.dynamic("q_stride")  # in elements
     batch = len_indptr - 1
     num_slots = batch + total_q // block_M
     accum_dtype = T.float32
+    dims = SimpleNamespace(
+        dtype=dtype, block_N=block_N, accum_dtype=accum_dtype, total_q=total_q,
+        q_stride=q_stride, len_indptr=len_indptr,
+    )  # fmt: skip
+    kv_source = build_kv(page_size, dims)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 
@@ -88,30 +94,51 @@ def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleN
         Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
 
     @T.macro
-    def Locate(item, qo_indptr, kv_indptr, seq, tile):
+    def Locate(item, qo_indptr, kv, seq, tile):
         """tile[Q_START:TILE_FIELDS] = the fields of work item `item` (Q_START ...).
-        seq: scratch for the search over indptr."""
+        kv: the K/V source's arguments; seq: scratch for the search over indptr."""
         slot = slot_of(item)
         Find(slot, qo_indptr, seq)
         tile[Q_START] = qo_indptr[seq[0]]
         tile[SEQ_Q] = qo_indptr[seq[0] + 1] - tile[Q_START]
-        tile[KV_START] = kv_indptr[seq[0]]
-        tile[SEQ_KV] = kv_indptr[seq[0] + 1] - tile[KV_START]
+        tile[KV_START] = kv_source.kv_indptr(kv)[seq[0]]
+        tile[SEQ_KV] = kv_source.seq_kv(kv, seq[0], tile[KV_START])
         # the tile's first query row
         tile[Q_TILE] = (slot - seq[0] - tile[Q_START] // block_M) * block_M
         tile[HEAD] = item % NUM_HEADS
 
     # Malformed batches (indptr values that are not a partition: see the module docstring).
-    # indptr = (qo_indptr, kv_indptr, kv_rows); each Check gives one lane's share of a test in
+    # indptr = (qo_indptr, kv_indptr, kv_rows, kv), kv_rows the entries kv_indptr runs to and kv
+    # the K/V source's arguments (a paged cache adds its rules); each Check gives one lane's
+    # share of a test in
     # ok[0] (the lanes AND them together). Lane `lane` of `lanes` takes the indices i = lane
     # (mod lanes): T.serial(lane, stop, lanes) would do, but TileLang drops its bound when the
     # trip count can only be 0 or 1.
 
+    def entry_bad(indptr, i):
+        """Entry i (< batch) breaks the batch's rules: an array decreases past it, or the K/V
+        source's own rule."""
+        qo_indptr, kv_indptr, _, kv = indptr
+        bad = (qo_indptr[i] > qo_indptr[i + 1]) | (kv_indptr[i] > kv_indptr[i + 1])
+        extra = kv_source.entry_bad(kv, i)
+        return bad if extra is None else bad | extra
+
+    def range_ok(indptr, s):
+        """Sequence s's ranges lie in [0, rows] and run forward (and the K/V source's rule)."""
+        qo_indptr, kv_indptr, kv_rows, kv = indptr
+        ok = (
+            (0 <= qo_indptr[s]) & (qo_indptr[s] <= qo_indptr[s + 1])
+            & (qo_indptr[s + 1] <= total_q) & (0 <= kv_indptr[s])
+            & (kv_indptr[s] <= kv_indptr[s + 1]) & (kv_indptr[s + 1] <= kv_rows)
+        )  # fmt: skip
+        extra = kv_source.sequence_ok(kv, s)
+        return ok if extra is None else ok & extra
+
     @T.macro
     def CheckBatch(indptr, lane, lanes, ok):
         """Whether the batch is valid: both arrays non-decreasing, from 0 to total_q and
-        kv_rows."""
-        qo_indptr, kv_indptr, kv_rows = indptr
+        kv_rows (and the K/V source's rules)."""
+        qo_indptr, kv_indptr, kv_rows = indptr[0], indptr[1], indptr[2]
         ok[0] = T.if_then_else(
             (qo_indptr[0] == 0) & (qo_indptr[batch] == total_q) & (kv_indptr[0] == 0)
             & (kv_indptr[batch] == kv_rows), 1, 0,
@@ -119,19 +146,15 @@ def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleN
         for k in T.serial(T.ceildiv(batch, lanes)):
             i = k * lanes + lane
             if i < batch:
-                if (qo_indptr[i] > qo_indptr[i + 1]) | (kv_indptr[i] > kv_indptr[i + 1]):
+                if entry_bad(indptr, i):
                     ok[0] = 0
 
     @T.macro
     def CheckSequence(indptr, s, lane, lanes, ok):
         """Whether sequence s is well-formed: in both arrays its range lies in [0, rows] and
         runs forward, no earlier entry exceeds its start and no later entry is below its end."""
-        qo_indptr, kv_indptr, kv_rows = indptr
-        ok[0] = T.if_then_else(
-            (0 <= qo_indptr[s]) & (qo_indptr[s] <= qo_indptr[s + 1])
-            & (qo_indptr[s + 1] <= total_q) & (0 <= kv_indptr[s])
-            & (kv_indptr[s] <= kv_indptr[s + 1]) & (kv_indptr[s + 1] <= kv_rows), 1, 0,
-        )  # fmt: skip
+        qo_indptr, kv_indptr = indptr[0], indptr[1]
+        ok[0] = T.if_then_else(range_ok(indptr, s), 1, 0)
         for k in T.serial(T.ceildiv(batch + 1, lanes)):
             i = k * lanes + lane
             if i <= batch:
@@ -206,9 +229,12 @@ def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleN
             MaskTile(acc_s, k, seq_kv, q_pos0)
 
     @T.macro
-    def MMA0(K, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0):
-        """acc_s = Q K^T of KV tile k, the keys a row may not see set to -inf."""
-        T.copy(K[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], K_shared)
+    def MMA0(
+        kv, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end, q_pos0, scratch
+    ):
+        """acc_s = Q K^T of KV tile k, the keys a row may not see set to -inf. scratch: the K/V
+        source's alloc_scratch."""
+        kv_source.CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch)
         T.gemm(
             Q_shared,
             K_shared,
@@ -255,21 +281,29 @@ def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleN
             acc_o[i, j] *= scores_scale[i]
 
     @T.macro
-    def MMA1(V, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head):
+    def MMA1(kv, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head, seq_kv, scratch):
         """acc_o += P V of KV tile k."""
-        T.copy(V[kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
+        kv_source.CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch)
         T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+    def poison(poisoned, value):
+        return value if poisoned is None else T.if_then_else(poisoned(), nan, value)
 
     @T.macro
     def Epilogue(
         acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start, q_tile,
-        seq_q, head,
+        seq_q, head, poisoned,
     ):  # fmt: skip
         """acc_o / logsum to Output through O_shared, and the base-2 LSE, for the tile's rows.
-        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0)."""
+        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0).
+        poisoned (None: never): a function giving a test whether the item met a bad page id;
+        then every row gets NaN output and lse."""
         for i in T.Parallel(block_M):
-            lse[i] = T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf)
-            scores_scale[i] = T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0)
+            lse[i] = poison(
+                poisoned,
+                T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf),
+            )
+            scores_scale[i] = poison(poisoned, T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0))
         Rescale(acc_o, scores_scale)
         T.copy(acc_o, O_shared)
         # Rows past the sequence's end belong to the next sequence (or to no one): skip.
@@ -281,10 +315,10 @@ def build_steps(dtype: str, causal: bool, block_M: int, block_N: int) -> SimpleN
                 LSE[q_start + q_tile + i, head] = lse[i]
 
     return SimpleNamespace(
-        dtype=dtype, causal=causal, block_M=block_M, block_N=block_N,
-        total_q=total_q, total_kv=total_kv, len_indptr=len_indptr, q_stride=q_stride,
-        k_stride=k_stride, v_stride=v_stride, batch=batch, num_slots=num_slots,
-        accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of, Locate=Locate,
+        dtype=dtype, causal=causal, block_M=block_M, block_N=block_N, kv=kv_source,
+        total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
+        num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
+        Locate=Locate,
         CheckBatch=CheckBatch, CheckTile=CheckTile, Poison=Poison, bounds=bounds, Mask=Mask,
         MaskTile=MaskTile, MMA0=MMA0, Softmax=Softmax, Rescale=Rescale, MMA1=MMA1,
         Epilogue=Epilogue,

@@ -13,13 +13,11 @@ from .gqa_prefill_steps import (
     KV_START,
     LOG2_E,
     NUM_HEADS,
-    NUM_KV_HEADS,
     POISON_SLOT,
     Q_START,
     Q_TILE,
     SEQ_KV,
     SEQ_Q,
-    token_rows,
 )
 
 PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count up from 3)
@@ -54,6 +52,11 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     that Q's can refill early). Otherwise one block per item, and Scheduler is unused.
     Why persistent and dynamic: TUNING.md.
 
+    K and V come through the steps' K/V source (gqa_prefill_kv): the producer warp's TMA boxes
+    for ragged K/V and pages of 64, a gather by all four producer warps (loader_warps) for pages
+    of 1. The other loader warps then read each item back from item_tile as the consumers do
+    (and release it on item_empty with them); the first still takes the items and loads Q.
+
     Malformed batches: the first consumer warp checks the batch (CheckBatch, once per block, on
     its first turn) while the producer searches for its first item, so a valid batch pays no
     latency for it; the producer waits for the verdict (batch_checked) before it loads anything.
@@ -63,14 +66,13 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     (item_checked): the producer waits for that before it loads anything for the item, the other
     consumers before they read the item. Consumer threads 0 .. block_M - 1 poison a row of the
     item's slot each, every item, spare ones included. The register budgets (producer 24,
-    consumers 240) leave no room: these checks sit where ptxas does not spill (found by trying;
-    tests/test_tilelang_compile.py checks every variant). What a valid batch pays per item: a
+    consumers 240; 56 and 224 beside the gathering warpgroup) leave no room: these checks sit
+    where ptxas does not spill (found by trying; tests/test_tilelang_compile.py and
+    test_tilelang_paged.py check every variant). What a valid batch pays per item: a
     named barrier for the consumers and one for the producer warp, which TileLang inserts as
     item_tile entries they read may have been written by one of them.
     """
-    dtype, block_M, block_N = steps.dtype, steps.block_M, steps.block_N
-    total_q, total_kv, len_indptr = steps.total_q, steps.total_kv, steps.len_indptr
-    q_stride, k_stride, v_stride = steps.q_stride, steps.k_stride, steps.v_stride
+    dtype, block_M, block_N, kv_source = steps.dtype, steps.block_M, steps.block_N, steps.kv
     num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
     slot_of, Locate, CheckBatch, CheckTile, Poison = (
         steps.slot_of, steps.Locate, steps.CheckBatch, steps.CheckTile, steps.Poison
@@ -81,22 +83,20 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     consumer_threads = consumer_threads_of(block_M)
     num_consumers = consumer_threads // 128
     threads = consumer_threads + 128  # the producer warpgroup
+    # The producer warps that load K and V (the first also takes the items and loads Q); the
+    # others of the warpgroup idle.
+    loader_warps = kv_source.loader_warps
+    loader_threads = 32 * loader_warps
     # FA3's register split: the producer warpgroup keeps 24 (32 beside three consumers).
     producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
+    if kv_source.loader_warps > 1:
+        # FA3's split for 2 consumer warpgroups beside a cp.async producer warpgroup is 40 /
+        # 232; the gathering warps here spill below 56 (ptxas; tests check it).
+        assert num_consumers == 2, "the loader warps' register split is for 2 consumers"
+        producer_regs, consumer_regs = 56, 224
     num_items = NUM_HEADS * num_slots
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
-
-    @T.macro
-    def LoadTile(source, shared, full, empty, g, kv_row, kv_head):
-        """Producer: the g-th K or V tile (counted over the CTA's items) into its ring slot, once
-        the consumers have released the slot's previous tile."""
-        stage = g % num_stages
-        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
-        T.tma_copy(
-            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
-        )
-        T.mbarrier_arrive(full[stage])
 
     @T.macro
     def Step(
@@ -141,19 +141,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         Softmax(acc_s, *stats, scale_log2)
 
     @T.macro
-    def LoadItem(
-        q_start, q_tile, kv_start, head, kv_head, loop_range, inputs, buffers, q_bars, bars,
-        items_done, ring,
-    ):  # fmt: skip
-        """Producer: Q of one item with query rows, then its KV tiles into the ring.
-        inputs: Q, K, V; buffers: their shared buffers; q_bars: Q's full and empty barriers;
-        bars: the ring's k_full, k_empty, v_full, v_empty; items_done and ring: the block's
-        counters, advanced here."""
-        Q, K, V = inputs
-        Q_shared, K_shared, V_shared = buffers
-        q_full, q_empty = q_bars
-        k_full, k_empty, v_full, v_empty = bars
-
+    def LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done):
+        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done."""
         T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
         T.tma_copy(
             Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
@@ -161,18 +150,39 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             barrier=q_full[0],
         )
         T.mbarrier_arrive(q_full[0])
+
+    @T.macro
+    def LoadItem(q_start, q_tile, kv_start, seq_kv, head, kv_head, loop_range, load):
+        """Producer: Q of one item with query rows (the first loader warp), then its KV tiles
+        into the ring (every loader warp). load: inputs, buffers, q_bars, bars, items_done,
+        ring, scratch, tx; inputs: Q and the K/V source's arguments; buffers:
+        the shared buffers of Q, K and V; q_bars: Q's full and empty barriers; bars: the ring's
+        k_full, k_empty, v_full, v_empty; items_done and ring: the block's counters, advanced
+        here; scratch: the K/V source's."""
+        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx = load
+        Q, kv = inputs
+        Q_shared, K_shared, V_shared = buffers
+        q_full, q_empty = q_bars
+        k_full, k_empty, v_full, v_empty = bars
+
+        if loader_warps == 1:
+            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
+        else:
+            if tx < consumer_threads + 32:
+                LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
         for k in T.serial(loop_range):
             g = ring[0] + k
-            kv_row = kv_start + k * block_N
-            LoadTile(K, K_shared, k_full, k_empty, g, kv_row, kv_head)
-            LoadTile(V, V_shared, v_full, v_empty, g, kv_row, kv_head)
+            kv_source.LoadTile(
+                kv, (K_shared, V_shared, k_full, k_empty, v_full, v_empty), num_stages, g, k,
+                kv_start, seq_kv, kv_head, scratch, items_done[0],
+            )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 
     @T.macro
     def ConsumeItem(
         q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range, buffers, stats, lse,
-        bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
+        bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2, poisoned,
     ):  # fmt: skip
         """Consumer: one item with query rows, from Q K^T of its KV tile 0 to its stores.
         buffers: Q, K, V and O's shared buffers and the accumulators; stats: the softmax's row
@@ -233,24 +243,69 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         # buffer is free).
         Epilogue(
             acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
-            q_start, q_tile, seq_q, head,
+            q_start, q_tile, seq_q, head, poisoned,
         )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 
-    @T.prim_func
-    def main(
-        Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
-        K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
-        V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
-        qo_indptr: T.Tensor([len_indptr], T.int32),
-        kv_indptr: T.Tensor([len_indptr], T.int32),
-        kv_rows: T.int32,
-        sm_scale: T.float32,
-        Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-        LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
-        Scheduler: T.Tensor([2], T.int32),
-    ):
+    @T.macro
+    def TakeItem(slot, args):
+        """First loader warp: the block's next item into tile (Locate) and, once the readers
+        of its last use are done, into item_tile[slot] (item_full[slot]); returns its index
+        (num_items: the block is done)."""
+        (
+            tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked, batch_ok,
+            qo_indptr, kv, Scheduler, block, tx,
+        ) = args  # fmt: skip
+        T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
+        if persistent:
+            # Dynamic schedule: the next item goes to the first block that asks (heaviest
+            # first), which balances unequal items. One lane asks, a shuffle tells the warp.
+            fetch[0] = 0
+            if tx == consumer_threads:
+                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
+            item = T.shfl_sync(fetch[0], 0)
+        else:
+            item = T.if_then_else(fetched[0] == 0, block, num_items)
+        tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
+        tile[POISON_SLOT] = -1
+        if item < num_items:
+            Locate(item, qo_indptr, kv, seq, tile)
+            # Completed once, so a wait past the first item returns at once.
+            T.mbarrier_wait_parity(batch_checked[0], 0)
+            if batch_ok[0] == 0:
+                tile[POISON_SLOT] = slot_of(item)
+        if tx == consumer_threads:  # one writer: no barrier within the warp
+            for i in T.serial(ITEM_FIELDS):
+                item_tile[slot, i] = tile[i]
+        T.mbarrier_arrive(item_full[slot])
+        return item
+
+    @T.macro
+    def ProduceItem(tile, load):
+        """Loader warps: the loads of the item in tile, if it has query rows."""
+        q_start, seq_q, kv_start, q_tile, head = (
+            tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[Q_TILE], tile[HEAD]
+        )  # fmt: skip
+        kv_head = head // GROUP_SIZE
+        _, _, loop_range = bounds(tile)
+        if q_tile < seq_q:  # a spare slot has no row: nothing to load
+            LoadItem(q_start, q_tile, kv_start, tile[SEQ_KV], head, kv_head, loop_range, load)
+
+    @T.macro
+    def ResetScheduler(Scheduler, tx):
+        """The last block to finish fetching resets the scheduler for the next launch on this
+        stream (no other block touches it now)."""
+        if tx == consumer_threads:
+            if (
+                T.atomic_add(Scheduler[1], 1, memory_order="acq_rel", return_prev=True)
+                == grid - 1
+            ):  # fmt: skip
+                Scheduler[0] = 0
+                Scheduler[1] = 0
+
+    @T.macro
+    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
         with T.Kernel(grid, threads=threads) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
@@ -273,8 +328,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             # empty: every consumer thread arrives once it is done with the slot.
             q_full = T.alloc_barrier(32)
             q_empty = T.alloc_barrier(consumer_threads)
-            k_full = T.alloc_barrier([32] * num_stages)
-            v_full = T.alloc_barrier([32] * num_stages)
+            k_full = T.alloc_barrier([loader_threads] * num_stages)
+            v_full = T.alloc_barrier([loader_threads] * num_stages)
             k_empty = T.alloc_barrier([consumer_threads] * num_stages)
             v_empty = T.alloc_barrier([consumer_threads] * num_stages)
             seq = T.alloc_local([1], T.int32)
@@ -286,14 +341,18 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             # The producer warp hands each item to the consumers through a 2-slot buffer.
             item_tile = T.alloc_shared([2, ITEM_FIELDS], T.int32)
             item_full = T.alloc_barrier([32, 32])
-            item_empty = T.alloc_barrier([consumer_threads, consumer_threads])
+            # Released by every thread that reads the item: the consumers and the loader warps
+            # past the first (which takes the items).
+            readers = consumer_threads + loader_threads - 32
+            item_empty = T.alloc_barrier([readers, readers])
             # The first consumer warp's verdict on the batch (1 if valid) and, in a malformed
             # batch, on each item (its entries of item_tile updated). One barrier per item_tile
             # slot, as item_full: nobody can then lag a whole phase behind.
             batch_ok = T.alloc_shared([1], T.int32)
             batch_checked = T.alloc_barrier(32)
             item_checked = T.alloc_barrier([32, 32])
-            indptr = (qo_indptr, kv_indptr, kv_rows)
+            indptr = (qo_indptr, kv_source.kv_indptr(kv), kv_source.kv_rows(kv), kv)
+            scratch = kv_source.alloc_scratch()
             # Items fetched by this block so far (the terminating one included), items with a
             # query row, and KV tiles through the ring: the phases of the barriers and the
             # ring's position carry over between items.
@@ -308,64 +367,55 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
 
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
-                if tx < consumer_threads + 32:
+                if kv_source.InitScratch is not None:
+                    if tx == consumer_threads:
+                        kv_source.InitScratch(scratch)
+                args = (
+                    tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked,
+                    batch_ok, qo_indptr, kv, Scheduler, block, tx,
+                )  # fmt: skip
+                load = (
+                    (Q, kv), (Q_shared, K_shared, V_shared), (q_full, q_empty),
+                    (k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx,
+                )  # fmt: skip
+                if loader_warps == 1:
+                    if tx < consumer_threads + 32:
+                        while fetched[0] >= 0:
+                            slot = fetched[0] % 2
+                            item = TakeItem(slot, args)
+                            if item < num_items:
+                                if batch_ok[0] == 0:  # the consumers check the item
+                                    T.mbarrier_wait_parity(
+                                        item_checked[slot], (fetched[0] // 2) & 1
+                                    )
+                                    tile[SEQ_Q] = item_tile[slot, SEQ_Q]
+                                    tile[Q_TILE] = item_tile[slot, Q_TILE]
+                                ProduceItem(tile, load)
+                                fetched[0] = fetched[0] + 1
+                            else:
+                                fetched[0] = -1  # done
+                                if persistent:
+                                    ResetScheduler(Scheduler, tx)
+                else:
+                    # The first loader warp takes the items; every loader warp reads them back
+                    # from item_tile, as the consumers do.
                     while fetched[0] >= 0:
                         slot = fetched[0] % 2
-                        T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
-                        if persistent:
-                            # Dynamic schedule: the next item goes to the first block that
-                            # asks (heaviest first), which balances unequal items. One lane
-                            # asks, a shuffle tells the warp.
-                            fetch[0] = 0
-                            if tx == consumer_threads:
-                                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
-                            item = T.shfl_sync(fetch[0], 0)
-                        else:
-                            item = T.if_then_else(fetched[0] == 0, block, num_items)
-                        tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
-                        tile[POISON_SLOT] = -1
-                        if item < num_items:
-                            Locate(item, qo_indptr, kv_indptr, seq, tile)
-                            # Completed once, so a wait past the first item returns at once.
-                            T.mbarrier_wait_parity(batch_checked[0], 0)
-                            if batch_ok[0] == 0:
-                                tile[POISON_SLOT] = slot_of(item)
-                        if tx == consumer_threads:  # one writer: no barrier within the warp
-                            for i in T.serial(ITEM_FIELDS):
-                                item_tile[slot, i] = tile[i]
-                        T.mbarrier_arrive(item_full[slot])
-                        if item < num_items:
-                            if batch_ok[0] == 0:  # the consumers check the item
-                                T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
-                                tile[SEQ_Q] = item_tile[slot, SEQ_Q]
-                                tile[Q_TILE] = item_tile[slot, Q_TILE]
-                            q_start, seq_q, kv_start, q_tile, head = (
-                                tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[Q_TILE], tile[HEAD]
-                            )  # fmt: skip
-                            kv_head = head // GROUP_SIZE
-                            _, _, loop_range = bounds(tile)
-                            if q_tile < seq_q:  # a spare slot has no row: nothing to load
-                                LoadItem(
-                                    q_start, q_tile, kv_start, head, kv_head, loop_range,
-                                    (Q, K, V), (Q_shared, K_shared, V_shared), (q_full, q_empty),
-                                    (k_full, k_empty, v_full, v_empty), items_done, ring,
-                                )  # fmt: skip
-                            fetched[0] = fetched[0] + 1
-                        else:
-                            fetched[0] = -1  # done
+                        if tx < consumer_threads + 32:
+                            item = TakeItem(slot, args)
                             if persistent:
-                                # The last block to finish fetching resets the scheduler for the
-                                # next launch on this stream (no other block touches it now).
-                                if tx == consumer_threads:
-                                    if (
-                                        T.atomic_add(
-                                            Scheduler[1], 1, memory_order="acq_rel",
-                                            return_prev=True,
-                                        )
-                                        == grid - 1
-                                    ):  # fmt: skip
-                                        Scheduler[0] = 0
-                                        Scheduler[1] = 0
+                                if item >= num_items:
+                                    ResetScheduler(Scheduler, tx)
+                        T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
+                        if item_tile[slot, POISON_SLOT] >= 0:  # the consumers check the item
+                            T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
+                        for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
+                            tile[i] = item_tile[slot, i]
+                        if tx >= consumer_threads + 32:
+                            T.mbarrier_arrive(item_empty[slot])
+                        fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
+                        if tile[HAS_ITEM] == 1:
+                            ProduceItem(tile, load)
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 warpgroup = tx // 128
@@ -414,6 +464,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                             stats, lse,
                             (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier),
                             q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
+                            kv_source.item_poisoned(scratch, items_done),
                         )  # fmt: skip
 
-    return main
+    return kv_source.kernel(Body)

@@ -1,8 +1,10 @@
 """TileLang GQA prefill attention: the entry points flashinfer-bench calls.
 
-run_padded(q, k, v, causal, out) and run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output,
-lse) check their arguments against the bundle's shared contract (arguments.py: rules and
-messages), then launch one kernel from gqa_prefill_kernel.py. A variant (dtype, causal) is
+run_padded(q, k, v, causal, out), run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output,
+lse), run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+sm_scale, output, lse) and run_paged_ps1 (the same without kv_last_page_len) check their
+arguments against the bundle's shared contract (arguments.py: rules and messages), then launch
+one kernel from gqa_prefill_kernel.py. A variant (dtype, causal) is
 compiled for sm_90a on its first use and cached; lengths and token strides are symbolic in it, so
 no new shape or layout ever recompiles. q, k and v may be token-strided (slices of a fused QKV
 projection): the kernel reads them in place. The padded batch is viewed as a ragged one; its
@@ -10,15 +12,18 @@ indptr tensors (and a scratch lse the padded definition does not return) are bui
 shape. A call does no host sync and, past the first call of a shape, no allocation:
 flashinfer-bench times the whole call.
 
-The indptr values are not read on the host (that would need a sync; PREFILL_BUNDLE_VALIDATE=1
-does, to raise on bad ones): the kernel itself computes the sequences of a malformed batch that it
-can and writes NaN into every other row, never reading or writing outside the tensors.
+The indptr values (and page ids, last-page lengths) are not read on the host (that would need a
+sync; PREFILL_BUNDLE_VALIDATE=1 does, to raise on bad ones): the kernel itself computes the
+sequences of a malformed batch that it can and writes NaN into every other row, never reading or
+writing outside the tensors.
 """
 
 import torch
 
 from .arguments import (
     PADDED_NAMES,
+    PAGED_PS1_NAMES,
+    PAGED_PS64_NAMES,
     RAGGED_NAMES,
     VALIDATE,
     PlanCache,
@@ -26,20 +31,24 @@ from .arguments import (
     check_indptr_values,
     check_layout,
     check_padded_shapes,
+    check_paged_shapes,
+    check_paged_values,
     check_placement,
     check_ragged_shapes,
     check_sm_scale,
     token_stride,
 )
-from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, compile_variant
+from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, PAGE_SIZES, compile_variant
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_kernels = {}  # (dtype, causal, SM count) -> compiled kernel
+_kernels = {}  # (dtype, causal, SM count, page size or None) -> compiled kernel
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
+# Per page size, keyed as ragged: (kernel, caches' stand-in, kv_indices' stand-in, num_pages).
+_paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
 
 
@@ -55,9 +64,9 @@ def _scheduler(device: int):
     return counters
 
 
-def _kernel(dtype: torch.dtype, causal: bool, device: int):
+def _kernel(dtype: torch.dtype, causal: bool, device: int, page_size: int = None):
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    kernel = _kernels.get((dtype, causal, num_sms))
+    kernel = _kernels.get((dtype, causal, num_sms, page_size))
     if kernel is None:
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):
@@ -66,8 +75,8 @@ def _kernel(dtype: torch.dtype, causal: bool, device: int):
                 f"sm_{capability[0]}{capability[1]}"
             )
         # The persistent grid takes one block per SM of the device.
-        kernel = compile_variant(_DTYPES[dtype], causal, num_sms=num_sms)
-        _kernels[(dtype, causal, num_sms)] = kernel
+        kernel = compile_variant(_DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size)
+        _kernels[(dtype, causal, num_sms, page_size)] = kernel
     return kernel
 
 
@@ -183,4 +192,110 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     kernel(
         q, k, v, qo_indptr, kv_indptr, total_kv, sm_scale, output, lse,
         _scheduler(q.get_device()),
+    )  # fmt: skip
+
+
+def _paged_arguments(page_size: int, tensors: tuple) -> tuple:
+    """The definition's argument names and tensors (page size 1 has no kv_last_page_len)."""
+    if page_size == 1:
+        return PAGED_PS1_NAMES, tensors[:6] + tensors[7:]
+    return PAGED_PS64_NAMES, tensors
+
+
+def _one_page(cache: torch.Tensor) -> torch.Tensor:
+    """A one-page cache at the dense page stride, whatever stride torch gave its dim of 1: the
+    TMA descriptor takes the stride, and wants a 16-byte multiple."""
+    page = cache.shape[1] * NUM_KV_HEADS * HEAD_DIM
+    if cache.stride(0) % 8 == 0 and cache.stride(0) >= page:
+        return cache
+    return cache.as_strided(cache.shape, (page, NUM_KV_HEADS * HEAD_DIM, HEAD_DIM, 1))
+
+
+def _plan_paged(page_size: int, tensors: tuple) -> tuple:
+    """Check shapes, dtypes and layout (once per key). A cache without pages, or a page table
+    without entries, runs the kernel on a zero 1-page (1-entry) stand-in, told there are none
+    (page_count, kv_rows 0): the kernel then reads neither, and a TMA descriptor needs a page.
+    tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
+    page size 1), output, lse."""
+    q = tensors[0]
+    _, _, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size)
+    check_layout(*_paged_arguments(page_size, tensors))
+    pageless = indexless = None
+    if num_pages == 0:
+        shape = (1, page_size, NUM_KV_HEADS, HEAD_DIM)
+        pageless = torch.zeros(shape, dtype=q.dtype, device=q.device)
+    if num_kv_indices == 0:
+        indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
+    kernel = _kernel(q.dtype, True, q.get_device(), page_size)
+    return kernel, pageless, indexless, num_pages
+
+
+def run_paged_ps64(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse
+):
+    """q [total_q, 32, 128], k_cache/v_cache [num_pages, 64, 8, 128] (bfloat16 or float16, any
+    page stride), qo_indptr/kv_indptr int32 [batch + 1] (kv_indptr into kv_indices), kv_indices
+    int32 [num_kv_indices] (page ids), kv_last_page_len int32 [batch], sm_scale (finite) ->
+    output [total_q, 32, 128] and lse [total_q, 32] float32 (base 2), written in place. Causal,
+    bottom-right aligned per sequence."""
+    _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+               sm_scale, output, lse)  # fmt: skip
+
+
+def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
+    """run_paged_ps64 for pages of one token, k_cache/v_cache [num_pages, 1, 8, 128], without
+    kv_last_page_len."""
+    _run_paged(1, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, sm_scale, output,
+               lse)  # fmt: skip
+
+
+def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+               kv_last_page_len, sm_scale, output, lse):  # fmt: skip
+    sm_scale = check_sm_scale(sm_scale)
+    tensors = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
+               lse)  # fmt: skip
+    plans = _paged_plans[page_size]
+    try:
+        key = (
+            q.shape, k_cache.shape, v_cache.shape, qo_indptr.shape, kv_indptr.shape,
+            kv_indices.shape, output.shape, lse.shape, q.stride(), k_cache.stride(),
+            v_cache.stride(), qo_indptr.stride(), kv_indptr.stride(), kv_indices.stride(),
+            output.stride(), lse.stride(), q.dtype, k_cache.dtype, v_cache.dtype,
+            qo_indptr.dtype, kv_indptr.dtype, kv_indices.dtype, output.dtype, lse.dtype,
+            q.get_device(),
+            None if kv_last_page_len is None else (
+                kv_last_page_len.shape, kv_last_page_len.stride(), kv_last_page_len.dtype
+            ),
+        )  # fmt: skip
+        plan = plans.lookup(key)
+    except (AttributeError, TypeError):  # not a tensor
+        key = plan = None
+    if plan is None:
+        plan = _plan_paged(page_size, tensors)  # raises ValueError on a bad argument
+        if key is not None:
+            plans.store(key, plan)
+    else:
+        check_placement(*_paged_arguments(page_size, tensors))
+    kernel, pageless, indexless, num_pages = plan
+    if VALIDATE:
+        check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[0],
+                           num_pages, page_size)  # fmt: skip
+    total_q, num_kv_indices = q.shape[0], kv_indices.shape[0]
+    if total_q == 0:
+        return
+    if pageless is not None:
+        k_cache = v_cache = pageless
+    elif num_pages == 1:
+        k_cache, v_cache = _one_page(k_cache), _one_page(v_cache)
+    if indexless is not None:
+        kv_indices = indexless
+    if total_q == 1:
+        q = _lone_token(q, NUM_HEADS)
+    if sm_scale <= 0:
+        # As in run_ragged: the kernel needs a positive scale.
+        q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
+    lengths = () if kv_last_page_len is None else (kv_last_page_len,)
+    kernel(
+        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *lengths, num_kv_indices,
+        num_pages, sm_scale, output, lse, _scheduler(q.get_device()),
     )  # fmt: skip

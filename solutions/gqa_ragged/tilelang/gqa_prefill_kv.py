@@ -1,0 +1,433 @@
+"""Where the programs' keys and values come from: one K/V source per cache layout, built by
+gqa_prefill_steps.build_steps (build_kv). A source gives
+
+- kernel(body): the prim_func with the layout's arguments; its body is the program's macro
+  body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler), kv the tuple of the source's own
+  arguments (K/V tensors first, then kv_indptr and kv_rows, then the rest);
+- seq_kv(kv, s, kv_start): the key count of sequence s, whose K/V entries start at kv_start =
+  kv_indptr[s]; kv_rows: the entry count kv_indptr must end at; entry_bad / sequence_ok: what
+  the layout adds to the malformed-batch rules (None: nothing);
+- the loads of KV tile k (the sequence's keys k * block_N ...) into shared memory, in the two
+  forms the programs use: LoadTile, the warp-specialized producer's asynchronous loads into a
+  ring slot, completing the slot's full barriers (loader_warps producer warps run it, their
+  full barriers count loader_warps * 32 arrivals), and CopyK / CopyV, the pipelined program's
+  copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
+  epilogue reads (paged only).
+
+The layouts:
+- ragged: K and V [total_kv, 8, 128] at any token stride; kv_indptr indexes key rows. A tile is
+  one TMA box of block_N rows. Rows past the sequence (the next sequence's keys, or TMA's zero
+  fill past the tensor) are finite; their scores are masked after Q K^T.
+- paged: k_cache and v_cache [num_pages, page_size, 8, 128] at any page stride (a multiple of 8
+  elements; offsets in 64 bits); kv_indptr indexes kv_indices (page ids); with page size 64,
+  kv_last_page_len says how many slots of a sequence's last page are keys. Page size 64: a tile
+  is block_N // 64 pages, one TMA box each (two: head_dim is two 128-byte swizzle rows), read
+  by the producer warp (the cache a 4-d tensor, so the page stride reaches the TMA descriptor
+  as the token stride does). Page size 1: a tile is a gather of block_N rows by page id,
+  cp.async from the whole producer warpgroup (loader_warps 4).
+
+Paged slots past a sequence's keys may hold anything, NaN included. K there does no harm (the
+mask selects -inf for those scores whatever Q K^T gave), but P V with V = NaN is NaN even where
+P = 0, so V rows past the keys are zero: page size 64 gathers the V of a tile that reaches past
+them (or holds a bad page) with cp.async's zero fill instead of TMA boxes, once per item at
+most; page size 1 zero-fills those rows of every gathered tile. A page id outside
+[0, page_count) is never dereferenced: its rows are not loaded (V zero-filled) and the item
+(a query tile of one sequence) is marked, so that its epilogue writes NaN output and lse into
+every row: the rows that see a key on that page must be NaN, the other rows of the sequence
+may be. The marks cost the consumers one shared-memory read per item and the loaders nothing
+while every id is good.
+"""
+
+from functools import reduce
+from types import SimpleNamespace
+
+import tilelang.language as T
+
+from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
+
+# cp.async without TileLang's implicit commit and wait: the copies complete on an mbarrier.
+ASYNC_COPY = {"parallel_prefer_async": True, "parallel_async_without_async_commit_wait": True}
+# A loop the compiler keeps rolled: unrolled, the loaders' row loops hoist every row's address
+# into registers, which the producer's 24 (setmaxnreg) cannot hold.
+ROLLED = {"pragma_unroll_factor": 1}
+# The page-size-1 gathers, unrolled by 4: four passes' page id loads in flight at once (the
+# loaders' 56 registers hold them; fully unrolled, they spill).
+UNROLLED_BY_4 = {"pragma_unroll_factor": 4}
+VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
+TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
+
+
+def build_kv(page_size, dims) -> SimpleNamespace:
+    """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
+    dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr."""
+    return ragged_kv(dims) if page_size is None else paged_kv(dims, page_size)
+
+
+def ragged_kv(dims) -> SimpleNamespace:
+    dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
+    total_kv = T.dynamic("total_kv")
+    k_stride, v_stride = T.dynamic("k_stride"), T.dynamic("v_stride")  # in elements
+
+    def kernel(body):
+        """K, V [total_kv, 8, 128] (token_rows), kv_indptr int32 [batch + 1] indexing their rows,
+        kv_rows: the key rows kv_indptr indexes (total_kv, or 0 when K and V are a 1-row
+        stand-in, as a TMA descriptor needs a row)."""
+
+        @T.prim_func
+        def main(
+            Q: token_rows(total_q, NUM_HEADS, dims.q_stride, dtype),
+            K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+            V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
+            qo_indptr: T.Tensor([dims.len_indptr], T.int32),
+            kv_indptr: T.Tensor([dims.len_indptr], T.int32),
+            kv_rows: T.int32,
+            sm_scale: T.float32,
+            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+            LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+            Scheduler: T.Tensor([2], T.int32),
+        ):
+            body(Q, (K, V, kv_indptr, kv_rows), qo_indptr, sm_scale, Output, LSE, Scheduler)
+
+        return main
+
+    @T.macro
+    def LoadRing(source, shared, full, empty, g, kv_row, kv_head, num_stages):
+        """The g-th K or V tile (counted over the CTA's items) into its ring slot, once the
+        consumers have released the slot's previous tile."""
+        stage = g % num_stages
+        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
+        T.tma_copy(
+            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
+        )
+        T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
+        """Producer warp: K and V of KV tile k, the g-th through the ring. ring: K_shared,
+        V_shared and their k_full, k_empty, v_full, v_empty barriers."""
+        K, V = kv[0], kv[1]
+        K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
+        kv_row = kv_start + k * block_N
+        LoadRing(K, K_shared, k_full, k_empty, g, kv_row, kv_head, num_stages)
+        LoadRing(V, V_shared, v_full, v_empty, g, kv_row, kv_head, num_stages)
+
+    @T.macro
+    def CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch):
+        T.copy(kv[0][kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], K_shared)
+
+    @T.macro
+    def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):
+        T.copy(kv[1][kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
+
+    return SimpleNamespace(
+        page_size=None, kernel=kernel, loader_warps=1, alloc_scratch=lambda: None,
+        InitScratch=None, item_poisoned=lambda scratch, items: None,
+        kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
+        seq_kv=lambda kv, s, kv_start: kv[2][s + 1] - kv_start,
+        entry_bad=lambda kv, i: None, sequence_ok=lambda kv, s: None,
+        LoadTile=LoadTile, CopyK=CopyK, CopyV=CopyV,
+    )  # fmt: skip
+
+
+def paged_kv(dims, page_size: int) -> SimpleNamespace:
+    dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
+    assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
+    assert block_N % page_size == 0, "a tile holds whole pages"
+    pages_per_tile = block_N // page_size
+    gather = page_size == 1
+    loader_threads = 128 if gather else 32
+    num_pages = T.dynamic("num_pages")
+    num_kv_indices = T.dynamic("num_kv_indices")
+    k_page_stride, v_page_stride = T.dynamic("k_page_stride"), T.dynamic("v_page_stride")
+
+    cache_shape = [num_pages, page_size, NUM_KV_HEADS, HEAD_DIM]
+    slot_stride = NUM_KV_HEADS * HEAD_DIM
+
+    def cache(page_stride):
+        """[num_pages, page_size, 8, 128], dense within a page, any page stride."""
+        return T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], dtype)
+
+    @T.macro
+    def Body(body, Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
+        # The entry sees to these: 16-byte rows (a gathered row moves in 16-byte cp.async), and
+        # a page and a page id at least (1-entry stand-ins), so clamped indices are in bounds.
+        T.assume(k_page_stride % 8 == 0)
+        T.assume(v_page_stride % 8 == 0)
+        T.assume(num_pages >= 1)
+        T.assume(num_kv_indices >= 1)
+        body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler)
+
+    def kernel(body):
+        """k_cache, v_cache [num_pages, page_size, 8, 128] (any page stride, a multiple of 8),
+        kv_indptr int32 [batch + 1] indexing kv_indices int32 [num_kv_indices] (page ids),
+        kv_last_page_len int32 [batch] (page size 64 only), kv_rows: the entries kv_indptr
+        indexes (num_kv_indices, or 0 when kv_indices is a 1-entry stand-in), page_count: the
+        pages a page id may name (num_pages, or 0 when the caches are a 1-page stand-in)."""
+        if gather:
+
+            @T.prim_func
+            def main(
+                Q: token_rows(total_q, NUM_HEADS, dims.q_stride, dtype),
+                K_cache: cache(k_page_stride),
+                V_cache: cache(v_page_stride),
+                qo_indptr: T.Tensor([dims.len_indptr], T.int32),
+                kv_indptr: T.Tensor([dims.len_indptr], T.int32),
+                kv_indices: T.Tensor([num_kv_indices], T.int32),
+                kv_rows: T.int32,
+                page_count: T.int32,
+                sm_scale: T.float32,
+                Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+                LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+                Scheduler: T.Tensor([2], T.int32),
+            ):
+                kv = (K_cache, V_cache, kv_indptr, kv_rows, kv_indices, page_count, None)
+                Body(body, Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler)
+
+            return main
+
+        @T.prim_func
+        def main(
+            Q: token_rows(total_q, NUM_HEADS, dims.q_stride, dtype),
+            K_cache: cache(k_page_stride),
+            V_cache: cache(v_page_stride),
+            qo_indptr: T.Tensor([dims.len_indptr], T.int32),
+            kv_indptr: T.Tensor([dims.len_indptr], T.int32),
+            kv_indices: T.Tensor([num_kv_indices], T.int32),
+            kv_last_page_len: T.Tensor([dims.len_indptr - 1], T.int32),
+            kv_rows: T.int32,
+            page_count: T.int32,
+            sm_scale: T.float32,
+            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+            LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+            Scheduler: T.Tensor([2], T.int32),
+        ):
+            kv = (K_cache, V_cache, kv_indptr, kv_rows, kv_indices, page_count, kv_last_page_len)
+            Body(body, Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler)
+
+        return main
+
+    def seq_kv(kv, s, kv_start):
+        pages = kv[2][s + 1] - kv_start
+        if gather:
+            return pages
+        return T.if_then_else(pages > 0, (pages - 1) * page_size + kv[6][s], 0)
+
+    def entry_bad(kv, i):
+        """Page size 64: sequence i has pages, and its last page's length is not 1 .. 64."""
+        if gather:
+            return None
+        kv_indptr, last = kv[2], kv[6]
+        return (kv_indptr[i] < kv_indptr[i + 1]) & ((last[i] < 1) | (last[i] > page_size))
+
+    def sequence_ok(kv, s):
+        if gather:
+            return None
+        kv_indptr, last = kv[2], kv[6]
+        return (kv_indptr[s] >= kv_indptr[s + 1]) | ((1 <= last[s]) & (last[s] <= page_size))
+
+    def clamp(page):
+        """A page id made a valid index (of a page that is then not read: zero fill), so that
+        TileLang adds no bounds test of its own to the copy."""
+        return T.min(T.max(page, 0), num_pages - 1)
+
+    def in_cache(kv, page):
+        return (0 <= page) & (page < kv[5])
+
+    def page_id(kv, kv_start, seq_kv, j):
+        """The id of the sequence's page j, or -1 (not in the cache) if it has no key."""
+        return T.if_then_else(j * page_size < seq_kv, kv[4][kv_start + j], -1)
+
+    def alloc_scratch():
+        """(pages, bad): pages holds the tile's page ids (page size 64; registers).
+        bad[item % 2] = item + 1 marks an item (counted over the block's items with query
+        rows) that met a bad page id: two items are in flight at most (the producer takes the
+        next item's Q only once the consumers are past this one's Q K^T)."""
+        bad = T.alloc_shared([2], T.int32)
+        return (None if gather else T.alloc_local([pages_per_tile], T.int32)), bad
+
+    @T.macro
+    def InitScratch(scratch):
+        """No item marked: before any item is loaded, by one thread."""
+        scratch[1][0] = 0
+        scratch[1][1] = 0
+
+    def item_poisoned(scratch, items):
+        """A test whether the item items[0] met a bad page id, to evaluate once its last V
+        tile has landed."""
+        return lambda: scratch[1][items[0] % 2] == items[0] + 1
+
+    @T.macro
+    def MarkBad(scratch, item, ws):
+        if ws:
+            # Atomic: TileLang then adds no barrier for the loaders that may all write it.
+            T.atomic_max(scratch[1][item % 2], item + 1)
+        else:
+            scratch[1][item % 2] = item + 1
+
+    @T.macro
+    def CopiesArrive(full, stage):
+        """The phase of full[stage] completes only once this thread's cp.async copies have
+        landed (cp.async.mbarrier.arrive counts one more arrival until they do)."""
+        T.call_extern("handle", "tl::mbarrier_cp_async_arrive", full[stage])
+
+    def rows_per_pass(threads):
+        """Rows that `threads` threads move at once, a 16-byte vector each."""
+        return threads * VECTOR // HEAD_DIM
+
+    # Page size 64 ---------------------------------------------------------------------------
+
+    @T.macro
+    def FindPages(kv, scratch, k, kv_start, seq_kv, item, ws):
+        """scratch's tile = the ids of tile k's pages (-1 past the sequence's pages); a bad
+        one marks the item."""
+        pages = scratch[0]
+        for p in T.unroll(pages_per_tile):
+            pages[p] = page_id(kv, kv_start, seq_kv, k * pages_per_tile + p)
+        for p in T.unroll(pages_per_tile):
+            if ((k * pages_per_tile + p) * page_size < seq_kv) & ~in_cache(kv, pages[p]):
+                MarkBad(scratch, item, ws)
+
+    @T.macro
+    def LoadPages(cache, shared, full, stage, pages, kv, kv_head, ws):
+        """The tile's pages in the cache, a box each (ws: TMA on the full barrier)."""
+        for p in T.unroll(pages_per_tile):
+            if in_cache(kv, pages[p]):
+                if ws:
+                    for half in T.unroll(HEAD_DIM // TMA_BOX_COLS):
+                        cols = slice(half * TMA_BOX_COLS, (half + 1) * TMA_BOX_COLS)
+                        T.tma_copy(
+                            cache[pages[p], 0:page_size, kv_head, cols],
+                            shared[stage, p * page_size : (p + 1) * page_size, cols],
+                            barrier=full[stage],
+                        )
+                else:
+                    T.copy(
+                        cache[pages[p], 0:page_size, kv_head, :],
+                        shared[stage, p * page_size : (p + 1) * page_size, :],
+                    )
+
+    @T.macro
+    def GatherPages(cache, shared, stage, pages, kv, k, seq_kv, kv_head, threads):
+        """The tile's key rows on pages in the cache into shared[stage], the other rows zero
+        (cp.async's zero fill): the copies are in flight when it returns. (A loop per page: a
+        row index split by the page size keeps TileLang from cp.async.)"""
+        for p in T.unroll(pages_per_tile):
+            # The page's slots that are keys to read (none on a bad page).
+            keys = T.if_then_else(in_cache(kv, pages[p]), seq_kv - (k * block_N + p * page_size), 0)
+            rows = rows_per_pass(threads)
+            for i in T.unroll(page_size // rows, annotations=ROLLED):
+                for r, c in T.Parallel(rows, HEAD_DIM, annotations=ASYNC_COPY):
+                    slot = i * rows + r
+                    shared[stage, p * page_size + slot, c] = T.if_then_else(
+                        slot < keys, cache[clamp(pages[p]), slot, kv_head % NUM_KV_HEADS, c],
+                        T.Cast(dtype, 0),
+                    )  # fmt: skip
+
+    def tile_is_whole(kv, pages, k, seq_kv):
+        """Every row of tile k is a key on a page in the cache: its V may come in boxes."""
+        in_pages = [in_cache(kv, pages[p]) for p in range(pages_per_tile)]
+        return ((k + 1) * block_N <= seq_kv) & reduce(lambda a, b: a & b, in_pages)
+
+    @T.macro
+    def LoadPagedV(kv, V_shared, v_full, stage, k, seq_kv, kv_head, pages, ws, threads):
+        """Page size 64, V of tile k into V_shared[stage]: a box per page if the tile is whole,
+        else a zero-filling gather (ws: on v_full[stage], before the thread's arrival)."""
+        if tile_is_whole(kv, pages, k, seq_kv):
+            LoadPages(kv[1], V_shared, v_full, stage, pages, kv, kv_head, ws)
+        else:
+            GatherPages(kv[1], V_shared, stage, pages, kv, k, seq_kv, kv_head, threads)
+            if ws:
+                CopiesArrive(v_full, stage)
+
+    # Page size 1 ----------------------------------------------------------------------------
+
+    def row_page(kv, kv_start, key):
+        """The page id kv_indices gives key `key` of the sequence (any entry past its keys: the
+        index is kept inside kv_indices, and the caller masks the row)."""
+        return kv[4][T.max(T.min(kv_start + key, num_kv_indices - 1), 0)]
+
+    @T.macro
+    def CheckPageIds(kv, scratch, k, kv_start, seq_kv, item, ws):
+        """Marks the item if a key of tile k lies on a bad page id: one coalesced read of the
+        tile's kv_indices, which leaves them in L1 for the gathers."""
+        for r in T.Parallel(block_N):
+            key = k * block_N + r
+            if (key < seq_kv) & ~in_cache(kv, row_page(kv, kv_start, key)):
+                MarkBad(scratch, item, ws)
+
+    @T.macro
+    def GatherRows(cache, shared, stage, kv, k, kv_start, seq_kv, kv_head, threads):
+        """Tile k's keys into shared[stage] by page id, zero (cp.async's zero fill) past the keys
+        and on bad pages: the copies are in flight when it returns. The page ids come from
+        global memory (L1): read from shared memory, TileLang would add a barrier per pass."""
+        rows = rows_per_pass(threads)
+        for i in T.unroll(block_N // rows, annotations=UNROLLED_BY_4):
+            for r, c in T.Parallel(rows, HEAD_DIM, annotations=ASYNC_COPY):
+                key = k * block_N + i * rows + r
+                page = row_page(kv, kv_start, key)
+                shared[stage, i * rows + r, c] = T.if_then_else(
+                    (key < seq_kv) & in_cache(kv, page),
+                    cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
+                )  # fmt: skip
+
+    # Both page sizes ------------------------------------------------------------------------
+
+    @T.macro
+    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
+        """Producer (loader_warps warps): K and V of KV tile k, the g-th through the ring, each
+        once the consumers have released its slot; the page ids are read before the wait.
+        ring: K_shared, V_shared and their k_full, k_empty, v_full, v_empty barriers; scratch:
+        alloc_scratch's; item: the item's index for the bad-page mark."""
+        K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
+        stage = g % num_stages
+        phase = ((g // num_stages) & 1) ^ 1
+        if gather:
+            CheckPageIds(kv, scratch, k, kv_start, seq_kv, item, True)
+        else:
+            FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
+        T.mbarrier_wait_parity(k_empty[stage], phase)
+        if gather:
+            GatherRows(kv[0], K_shared, stage, kv, k, kv_start, seq_kv, kv_head, loader_threads)
+            CopiesArrive(k_full, stage)
+        else:
+            LoadPages(kv[0], K_shared, k_full, stage, scratch[0], kv, kv_head, True)
+        T.mbarrier_arrive(k_full[stage])
+        T.mbarrier_wait_parity(v_empty[stage], phase)
+        if gather:
+            GatherRows(kv[1], V_shared, stage, kv, k, kv_start, seq_kv, kv_head, loader_threads)
+            CopiesArrive(v_full, stage)
+        else:
+            LoadPagedV(
+                kv, V_shared, v_full, stage, k, seq_kv, kv_head, scratch[0], True, loader_threads
+            )
+        T.mbarrier_arrive(v_full[stage])
+
+    # The pipelined program's copies (one item per block): K and V find their page ids each, as
+    # the pipeline may reorder the copies of two tiles; the [block_N, 128] buffers are viewed as
+    # a ring of one stage.
+    @T.macro
+    def CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch):
+        ring = T.reshape(K_shared, [1, block_N, HEAD_DIM])
+        if gather:
+            CheckPageIds(kv, scratch, k, kv_start, seq_kv, 0, False)
+            GatherRows(kv[0], ring, 0, kv, k, kv_start, seq_kv, kv_head, block_N)
+        else:
+            FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
+            LoadPages(kv[0], ring, None, 0, scratch[0], kv, kv_head, False)
+
+    @T.macro
+    def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):
+        ring = T.reshape(V_shared, [1, block_N, HEAD_DIM])
+        if gather:
+            GatherRows(kv[1], ring, 0, kv, k, kv_start, seq_kv, kv_head, block_N)
+        else:
+            FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
+            LoadPagedV(kv, ring, None, 0, k, seq_kv, kv_head, scratch[0], False, block_N)
+
+    return SimpleNamespace(
+        page_size=page_size, kernel=kernel, loader_warps=loader_threads // 32,
+        alloc_scratch=alloc_scratch, InitScratch=InitScratch, item_poisoned=item_poisoned,
+        kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
+        seq_kv=seq_kv, entry_bad=entry_bad, sequence_ok=sequence_ok, LoadTile=LoadTile,
+        CopyK=CopyK, CopyV=CopyV,
+    )  # fmt: skip

@@ -1,0 +1,293 @@
+"""The TileLang paged solutions (page sizes 64 and 1) without a GPU, and on one.
+
+1. Each paged variant lowers and compiles for sm_90a here: page size 64 loads a TMA box per page
+   (k_cache a 4-d tensor whose page stride reaches the descriptor), page size 1 gathers rows
+   with cp.async from the producer warpgroup; both wgmma, neither spills.
+2. The same program's CPU stand-in (the pipelined program, made local: see
+   test_tilelang_compile.py) behind the packed entry points matches the reference on the shared
+   paged cases (NaN in every unused cache slot, shuffled and shared pages, partly filled last
+   pages) and on malformed page tables (ids out of range, bad offsets and last-page lengths):
+   the page arithmetic, the zero-filled V rows, the bad-page marks and the malformed-batch
+   rules. Not the Hopper lowering: the GPU matrix (tests/test_solutions.py, test_malformed.py)
+   runs the warp-specialized program.
+3. On a GPU: page tables and cache layouts beyond the shared matrix.
+"""
+
+import functools
+import sys
+
+import pytest
+import tilelang
+import torch
+from test_tilelang_compile import (
+    _CPU_FORM,
+    compile_fresh,
+    entry_module,
+    kernel_module,
+    rewritten_kernel_module,
+)
+
+from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
+from prefill_bundle.packing import SOLUTIONS
+from prefill_bundle.paged_malformed import (
+    MALFORMED_PAGED_BATCHES,
+    check_malformed_paged_outputs,
+    malformed_paged_expected,
+    malformed_paged_inputs,
+)
+from prefill_bundle.testing import (
+    CPU_PAGED_CASES,
+    PagedCase,
+    RaggedCase,
+    build_solution,
+    check_outputs,
+    make_inputs,
+    reference_outputs,
+    run_solution,
+)
+
+F16 = torch.float16
+HAS_CUDA = torch.cuda.is_available()
+# The entry-point tests need packing.py's TileLang paged specs (their Solution JSON).
+PACKED = {s.name for s in SOLUTIONS} >= {"tilelang_paged_ps1", "tilelang_paged_ps64"}
+needs_packed = pytest.mark.skipif(
+    not PACKED, reason="prefill_bundle/packing.py lists no TileLang paged solutions"
+)
+
+
+def solution_of(page_size: int) -> str:
+    return f"tilelang_paged_ps{page_size}"
+
+
+# 1. Compilation for the H100, once per variant and session -----------------------------------
+
+_compiled = {}
+
+
+def compiled(dtype: str, page_size: int):
+    """(device source, host source, ptxas report) of a paged variant."""
+    if (dtype, page_size) not in _compiled:
+        kernel, ptxas = compile_fresh(kernel_module(), dtype, True, page_size=page_size)
+        sources = kernel.get_kernel_source(), kernel.adapter.get_host_source()
+        _compiled[(dtype, page_size)] = (*sources, ptxas)
+    return _compiled[(dtype, page_size)]
+
+
+def test_paged_variants_cover_both_entry_points():
+    assert set(kernel_module().PAGED_VARIANTS) == {
+        (d, p) for d in ("float16", "bfloat16") for p in (1, 64)
+    }
+
+
+@pytest.mark.parametrize("dtype,page_size", kernel_module().PAGED_VARIANTS)
+def test_paged_compiles_for_sm90a(dtype, page_size):
+    source, host, _ = compiled(dtype, page_size)
+    operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
+    assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
+    assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
+    assert "tl::tma_load(Q_desc" in source
+    # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
+    # stage's barrier.
+    assert "tl::cp_async_gs_conditional<16>(" in source
+    assert "tl::mbarrier_cp_async_arrive(" in source
+    if page_size == 64:
+        # A TMA box per page: coordinates (columns, slot 0, KV head, page id), the page
+        # stride in bytes from the tensor on every call.
+        assert "tl::tma_load(K_cache_desc" in source and "tl::tma_load(V_cache_desc" in source
+        assert "(((int64_t)k_page_stride) * (int64_t)2)" in host
+        assert "(((int64_t)v_page_stride) * (int64_t)2)" in host
+    else:
+        assert "K_cache_desc" not in source  # gathered, not boxed
+        assert "tl::warpgroup_reg_dealloc<56>" in source  # the loader warpgroup's registers
+
+
+@pytest.mark.parametrize("dtype,page_size", kernel_module().PAGED_VARIANTS)
+def test_paged_compiles_without_register_spills(dtype, page_size):
+    """Producer 24 registers beside 240 for the consumers (page size 1: 56 and 224, its four
+    loader warps gather), as for ragged: code in the loaders or the bad-page path can spill."""
+    _, _, ptxas = compiled(dtype, page_size)
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+# 2. The TileLang program on the CPU behind the packed entry points ---------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_paged_kernels(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tilelang_paged_cpu")
+    module = rewritten_kernel_module(folder, "gqa_prefill_paged_cpu", _CPU_FORM)
+    cache = {}
+
+    def get(page_size: int, config: dict):
+        key = (page_size, tuple(sorted(config.items())))
+        if key not in cache:
+            # The C backend has no bfloat16 locals: the CPU program runs in float16.
+            func = module.gqa_prefill("float16", True, page_size=page_size, **config)
+            cache[key] = tilelang.compile(
+                func,
+                target="c",
+                execution_backend="cython",
+                pass_configs={"tirx.disable_vectorize": True},  # no vector half casts in C
+            )
+        return cache[key]
+
+    return get
+
+
+def _paged_launcher(kernel):
+    """A stand-in for the compiled CUDA kernel with the same arguments; bfloat16 via float16,
+    caches with a page stride via contiguous copies (the C wrapper takes no symbolic stride)."""
+
+    def launch(q, k_cache, v_cache, *rest):
+        *indices, output, lse, scheduler = rest
+        q, k_cache, v_cache = (x.to(F16).contiguous() for x in (q, k_cache, v_cache))
+        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        kernel(q, k_cache, v_cache, *indices, output16, lse, scheduler)
+        output.copy_(output16)
+
+    return launch
+
+
+# The solution's tiles, and small ones so that the small cases cross many tile boundaries
+# (page size 64: a tile of one page; page size 1: block_M != block_N both ways).
+CPU_PAGED_CONFIGS = {
+    64: {
+        "solution_tiles": None,  # two pages a tile
+        "tiles16x64": dict(block_M=16, block_N=64, num_stages=2),  # one
+    },
+    1: {
+        "solution_tiles": None,
+        "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
+        "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
+    },
+}
+
+
+def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str) -> None:
+    """Point the packed paged entry at the CPU program with config's tiles, its device checks
+    told that CPU tensors are fine, and no plan from an earlier test."""
+    entry = entry_module(solution_of(page_size))
+    block_config = kernel_module().block_config
+
+    def kernel(dtype, causal, device, page_size):
+        tiles = CPU_PAGED_CONFIGS[page_size][config]
+        if tiles is None:  # the ws program's tiles through the pipelined one
+            tiles = dict(block_config(entry._DTYPES[dtype], causal))
+            for knob in ("ws", "pingpong", "persistent"):
+                tiles.pop(knob, None)
+        return _paged_launcher(cpu_paged_kernels(page_size, tiles))
+
+    contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
+    for name in ("check_layout", "check_placement"):
+        check = functools.partial(getattr(contract, name), interpreted=True)
+        monkeypatch.setattr(entry, name, check)
+    monkeypatch.setattr(entry, "_kernel", kernel)
+    monkeypatch.setattr(entry, "_paged_plans", {p: contract.PlanCache() for p in (1, 64)})
+    monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))
+
+
+def paged_params(cases):
+    return [
+        pytest.param(case, config, id=f"{case.id}-{config}")
+        for case in cases
+        for config in CPU_PAGED_CONFIGS[case.page_size]
+    ]
+
+
+@needs_packed
+@pytest.mark.parametrize("case,config", paged_params(CPU_PAGED_CASES))
+def test_paged_program_on_cpu_matches_reference(case, config, cpu_paged_kernels, monkeypatch):
+    """NaN in every cache slot no sequence owns: V rows past kv_len must not reach P V."""
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config)
+    inputs = make_inputs(case, "cpu")
+    check_outputs(
+        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
+        reference_outputs(case, inputs),
+    )
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "batch", MALFORMED_PAGED_BATCHES, ids=lambda b: b.id
+)  # fmt: skip
+def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
+    """Rows of well-formed sequences right, rows that see a key on a bad page id NaN, every other
+    row of a malformed sequence NaN, every row written."""
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config)
+    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)
+
+
+@needs_packed
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_paged_program_on_cpu_without_pages(page_size, cpu_paged_kernels, monkeypatch):
+    """A cache of no pages and an empty page table: the kernel runs on 1-page and 1-entry
+    stand-ins it is told are empty; rows see no key (0 and -inf)."""
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size, "solution_tiles")
+    case = PagedCase((3, 5), (0, 0), page_size, F16)
+    q = torch.randn(8, NUM_HEADS, HEAD_DIM, dtype=F16)
+    cache = torch.zeros(0, page_size, NUM_KV_HEADS, HEAD_DIM, dtype=F16)
+    indptr = torch.tensor([0, 3, 8], dtype=torch.int32)
+    inputs = [q, cache, cache, indptr, torch.zeros(3, dtype=torch.int32),
+              torch.zeros(0, dtype=torch.int32)]  # fmt: skip
+    if page_size == 64:
+        inputs.append(torch.ones(2, dtype=torch.int32))
+    output = torch.full_like(q, float("nan"))
+    lse = torch.full((8, NUM_HEADS), float("nan"))
+    build_solution(solution_of(page_size))(*inputs, HEAD_DIM**-0.5, output, lse)
+    assert (output == 0).all() and (lse == float("-inf")).all(), case.id
+
+
+# 3. On a GPU ----------------------------------------------------------------------------------
+
+
+@needs_packed
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_paged_cache_views_and_bad_pages_on_gpu(page_size):
+    """FlashInfer's combined [num_pages, 2, page_size, 8, 128] cache (k and v views with twice a
+    page's stride), a cache of one page, and bad page ids at a tile's first and last page."""
+    case = PagedCase((130, 7, 64), (300, 7, 257), page_size, shared_prefix=(128, 0, 128))
+    inputs = make_inputs(case, "cuda", seed=2)
+    expected = reference_outputs(case, inputs)
+    k_cache, v_cache = inputs[1], inputs[2]
+    combined = torch.stack([k_cache, v_cache], dim=1)  # [num_pages, 2, page_size, 8, 128]
+    views = [inputs[0], combined[:, 0], combined[:, 1]] + inputs[3:]
+    assert views[1].stride(0) == 2 * page_size * NUM_KV_HEADS * HEAD_DIM
+    check_outputs(run_solution(solution_of(page_size), case, views), expected)
+
+    one = PagedCase((5,), (min(page_size, 3),), page_size)
+    inputs = make_inputs(one, "cuda", seed=3)
+    check_outputs(run_solution(solution_of(page_size), one, inputs), reference_outputs(one, inputs))
+
+
+@needs_packed
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_paged_launches_reset_the_scheduler():
+    """The paged kernels are persistent too: each launch must leave its work counters zero, or
+    the next one skips items (poisoned outputs show that). Paged and ragged launches of
+    different sizes back to back."""
+    cases = [
+        PagedCase((300, 1, 0, 129), (300, 40, 7, 129), 64),
+        RaggedCase((300, 1, 0, 129), (300, 40, 7, 129)),
+        PagedCase((300, 1, 0, 129), (300, 40, 7, 129), 1),
+        PagedCase((4096,), (4096,), 64),
+    ]
+    for seed, case in enumerate(cases):
+        name = solution_of(case.page_size) if isinstance(case, PagedCase) else "tilelang_ragged"
+        inputs = make_inputs(case, "cuda", seed)
+        actual = run_solution(name, case, make_inputs(case, "cuda", seed))
+        check_outputs(actual, reference_outputs(case, inputs))
+    torch.cuda.synchronize()
+    for name in ("tilelang_ragged", solution_of(64), solution_of(1)):
+        for counters in entry_module(name)._schedulers.values():
+            assert counters.tolist() == [0, 0]

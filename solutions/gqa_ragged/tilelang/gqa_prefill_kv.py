@@ -28,11 +28,11 @@ The layouts:
 
 Paged slots past a sequence's keys may hold anything, NaN included. K there does no harm (the
 mask selects -inf for those scores whatever Q K^T gave), but P V with V = NaN is NaN even where
-P = 0, so V rows past the keys are zero: page size 64 gathers the V of a tile that reaches past
-them (or holds a bad page) with cp.async's zero fill instead of TMA boxes, once per item at
-most; page size 1 zero-fills those rows of every gathered tile. A page id outside
-[0, page_count) is never dereferenced: its rows are not loaded (V zero-filled) and the item
-(a query tile of one sequence) is marked, so that its epilogue writes NaN output and lse into
+P = 0, so V rows past the keys are zero: page size 64 gathers the V of a page that is not whole
+(the sequence's last, partly filled page, or a bad one) with cp.async's zero fill instead of a
+TMA box, once per item at most; page size 1 zero-fills those rows of every gathered tile. A page
+id outside [0, page_count) is never dereferenced: its rows are not loaded (V zero-filled) and the
+item (a query tile of one sequence) is marked, so that its epilogue writes NaN output and lse into
 every row: the rows that see a key on that page must be NaN, the other rows of the sequence
 may be. The marks cost the consumers one shared-memory read per item and the loaders nothing
 while every id is good.
@@ -287,11 +287,16 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
             if ((k * pages_per_tile + p) * page_size < seq_kv) & ~in_cache(kv, pages[p]):
                 MarkBad(scratch, item, ws)
 
+    def page_is_whole(kv, pages, k, seq_kv, p):
+        """Every slot of the tile's page p is a key, on a page in the cache: its V may come in
+        a box."""
+        return in_cache(kv, pages[p]) & ((k * pages_per_tile + p + 1) * page_size <= seq_kv)
+
     @T.macro
-    def LoadPages(cache, shared, full, stage, pages, kv, kv_head, ws):
-        """The tile's pages in the cache, a box each (ws: TMA on the full barrier)."""
+    def LoadPages(cache, shared, full, stage, pages, kv, kv_head, ws, boxed):
+        """The tile's pages p with boxed(p), a box each (ws: TMA on the full barrier)."""
         for p in T.unroll(pages_per_tile):
-            if in_cache(kv, pages[p]):
+            if boxed(p):
                 if ws:
                     for half in T.unroll(HEAD_DIM // TMA_BOX_COLS):
                         cols = slice(half * TMA_BOX_COLS, (half + 1) * TMA_BOX_COLS)
@@ -308,33 +313,50 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
 
     @T.macro
     def GatherPages(cache, shared, stage, pages, kv, k, seq_kv, kv_head, threads):
-        """The tile's key rows on pages in the cache into shared[stage], the other rows zero
-        (cp.async's zero fill): the copies are in flight when it returns. (A loop per page: a
-        row index split by the page size keeps TileLang from cp.async.)"""
+        """The key rows of the tile's pages that are not whole into shared[stage] (the
+        sequence's last page, if it ends in the tile), the other rows of those pages zero
+        (cp.async's zero fill; also a bad page's and a page past the sequence's): the copies
+        are in flight when it returns. (A loop per page: a row index split by the page size
+        keeps TileLang from cp.async.)"""
         for p in T.unroll(pages_per_tile):
-            # The page's slots that are keys to read (none on a bad page).
-            keys = T.if_then_else(in_cache(kv, pages[p]), seq_kv - (k * block_N + p * page_size), 0)
-            rows = rows_per_pass(threads)
-            for i in T.unroll(page_size // rows, annotations=ROLLED):
-                for r, c in T.Parallel(rows, HEAD_DIM, annotations=ASYNC_COPY):
-                    slot = i * rows + r
-                    shared[stage, p * page_size + slot, c] = T.if_then_else(
-                        slot < keys, cache[clamp(pages[p]), slot, kv_head % NUM_KV_HEADS, c],
-                        T.Cast(dtype, 0),
-                    )  # fmt: skip
+            if ~page_is_whole(kv, pages, k, seq_kv, p):
+                # The page's slots that are keys to read (none on a bad page).
+                keys = T.if_then_else(
+                    in_cache(kv, pages[p]), seq_kv - (k * block_N + p * page_size), 0
+                )
+                rows = rows_per_pass(threads)
+                for i in T.unroll(page_size // rows, annotations=ROLLED):
+                    for r, c in T.Parallel(rows, HEAD_DIM, annotations=ASYNC_COPY):
+                        slot = i * rows + r
+                        shared[stage, p * page_size + slot, c] = T.if_then_else(
+                            slot < keys,
+                            cache[clamp(pages[p]), slot, kv_head % NUM_KV_HEADS, c],
+                            T.Cast(dtype, 0),
+                        )  # fmt: skip
 
     def tile_is_whole(kv, pages, k, seq_kv):
-        """Every row of tile k is a key on a page in the cache: its V may come in boxes."""
-        in_pages = [in_cache(kv, pages[p]) for p in range(pages_per_tile)]
-        return ((k + 1) * block_N <= seq_kv) & reduce(lambda a, b: a & b, in_pages)
+        whole = [page_is_whole(kv, pages, k, seq_kv, p) for p in range(pages_per_tile)]
+        return reduce(lambda a, b: a & b, whole)
+
+    @T.macro
+    def LoadPagedK(kv, K_shared, k_full, stage, kv_head, pages, ws):
+        """Page size 64, K of tile k into K_shared[stage]: a box per page in the cache (ws: TMA
+        on k_full[stage]). Slots past the keys come along: their scores are masked."""
+        LoadPages(
+            kv[0], K_shared, k_full, stage, pages, kv, kv_head, ws,
+            lambda p: in_cache(kv, pages[p]),
+        )  # fmt: skip
 
     @T.macro
     def LoadPagedV(kv, V_shared, v_full, stage, k, seq_kv, kv_head, pages, ws, threads):
-        """Page size 64, V of tile k into V_shared[stage]: a box per page if the tile is whole,
-        else a zero-filling gather (ws: on v_full[stage], before the thread's arrival)."""
-        if tile_is_whole(kv, pages, k, seq_kv):
-            LoadPages(kv[1], V_shared, v_full, stage, pages, kv, kv_head, ws)
-        else:
+        """Page size 64, V of tile k into V_shared[stage]: a box per whole page, the others
+        gathered with zero fill (ws: on v_full[stage], before the thread's arrival), once per
+        item at most."""
+        LoadPages(
+            kv[1], V_shared, v_full, stage, pages, kv, kv_head, ws,
+            lambda p: page_is_whole(kv, pages, k, seq_kv, p),
+        )  # fmt: skip
+        if ~tile_is_whole(kv, pages, k, seq_kv):
             GatherPages(kv[1], V_shared, stage, pages, kv, k, seq_kv, kv_head, threads)
             if ws:
                 CopiesArrive(v_full, stage)
@@ -390,7 +412,7 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
             GatherRows(kv[0], K_shared, stage, kv, k, kv_start, seq_kv, kv_head, loader_threads)
             CopiesArrive(k_full, stage)
         else:
-            LoadPages(kv[0], K_shared, k_full, stage, scratch[0], kv, kv_head, True)
+            LoadPagedK(kv, K_shared, k_full, stage, kv_head, scratch[0], True)
         T.mbarrier_arrive(k_full[stage])
         T.mbarrier_wait_parity(v_empty[stage], phase)
         if gather:
@@ -413,7 +435,7 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
             GatherRows(kv[0], ring, 0, kv, k, kv_start, seq_kv, kv_head, block_N)
         else:
             FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
-            LoadPages(kv[0], ring, None, 0, scratch[0], kv, kv_head, False)
+            LoadPagedK(kv, ring, None, 0, kv_head, scratch[0], False)
 
     @T.macro
     def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):

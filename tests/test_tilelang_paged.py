@@ -252,9 +252,9 @@ def test_paged_program_on_cpu_without_pages(page_size, cpu_paged_kernels, monkey
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("page_size", [64, 1])
-def test_paged_cache_views_and_bad_pages_on_gpu(page_size):
+def test_paged_cache_views_on_gpu(page_size):
     """FlashInfer's combined [num_pages, 2, page_size, 8, 128] cache (k and v views with twice a
-    page's stride), a cache of one page, and bad page ids at a tile's first and last page."""
+    page's stride: the TMA descriptors and gathers take it), and a sequence of a few keys."""
     case = PagedCase((130, 7, 64), (300, 7, 257), page_size, shared_prefix=(128, 0, 128))
     inputs = make_inputs(case, "cuda", seed=2)
     expected = reference_outputs(case, inputs)

@@ -48,6 +48,23 @@ def guarded(x: torch.Tensor, fill=float("nan")):
     return view, buffer
 
 
+def run_guarded(solution: str, inputs: list) -> list:
+    """The solution on inputs whose first three tensors (q and the keys/values or caches) lie in
+    NaN guard buffers, outputs in guard buffers of their own; checks that no guard was written
+    and every row was. Returns [output, lse]."""
+    tensors = [guarded(x)[0] for x in inputs[:3]]
+    output, output_buffer = guarded(torch.full_like(inputs[0], -7.0), fill=-3.0)
+    lse, lse_buffer = guarded(torch.full(inputs[0].shape[:2], -7.0, device=DEVICE), fill=-3.0)
+    build_solution(solution)(*tensors, *inputs[3:], output, lse)
+    if HAS_CUDA:
+        torch.cuda.synchronize()
+    for buffer in (output_buffer, lse_buffer):
+        guard = torch.cat([buffer[:GUARD], buffer[-GUARD:]])
+        assert (guard == -3.0).all(), "a write outside the outputs"
+    assert not (output == -7.0).all(-1).any(), "rows never written"
+    return [output, lse]
+
+
 def test_well_formed_sequences_rule():
     """The rule itself, on hand-made cases."""
     assert well_formed_sequences((0, 30, 70, 100), (0, 40, 80, 120), 100, 120) == [0, 1, 2]
@@ -63,17 +80,7 @@ def test_well_formed_sequences_rule():
 def test_malformed_batch(solution, batch):
     inputs = malformed_inputs(batch, DEVICE, seed=3)
     expected = malformed_expected(batch, inputs)
-    q, k, v = (guarded(x)[0] for x in inputs[:3])
-    output, output_buffer = guarded(torch.full_like(inputs[0], -7.0), fill=-3.0)
-    lse, lse_buffer = guarded(torch.full(inputs[0].shape[:2], -7.0, device=DEVICE), fill=-3.0)
-    build_solution(solution)(q, k, v, *inputs[3:], output, lse)
-    if HAS_CUDA:
-        torch.cuda.synchronize()
-    for buffer in (output_buffer, lse_buffer):
-        guard = torch.cat([buffer[:GUARD], buffer[-GUARD:]])
-        assert (guard == -3.0).all(), "a write outside the outputs"
-    assert not (output == -7.0).all(-1).any(), "rows never written"
-    check_malformed_outputs([output, lse], expected)
+    check_malformed_outputs(run_guarded(solution, inputs), expected)
 
 
 def paged_cases():
@@ -91,14 +98,4 @@ def test_malformed_paged_batch(solution, batch):
     guard buffers (a page id read outside the cache would turn a computed row NaN)."""
     inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
     expected = malformed_paged_expected(batch, inputs)
-    q, k_cache, v_cache = (guarded(x)[0] for x in inputs[:3])
-    output, output_buffer = guarded(torch.full_like(inputs[0], -7.0), fill=-3.0)
-    lse, lse_buffer = guarded(torch.full(inputs[0].shape[:2], -7.0, device=DEVICE), fill=-3.0)
-    build_solution(solution)(q, k_cache, v_cache, *inputs[3:], output, lse)
-    if HAS_CUDA:
-        torch.cuda.synchronize()
-    for buffer in (output_buffer, lse_buffer):
-        guard = torch.cat([buffer[:GUARD], buffer[-GUARD:]])
-        assert (guard == -3.0).all(), "a write outside the outputs"
-    assert not (output == -7.0).all(-1).any(), "rows never written"
-    check_malformed_paged_outputs([output, lse], expected)
+    check_malformed_paged_outputs(run_guarded(solution, inputs), expected)

@@ -253,6 +253,16 @@ SOLUTIONS += [
         shared_sources=("arguments.py",),
     ),
     *_paged(
+        "tilelang",
+        "tilelang",
+        "tilelang_prefill.py",
+        TILELANG_SOURCES,
+        "TileLang flash attention for Hopper over a paged KV cache (page size {page_size}): the "
+        "ragged warp-specialized program with a paged K/V load step.",
+        shared_sources=("arguments.py",),
+        dependencies=("tilelang",),
+    ),
+    *_paged(
         "cuda",
         "cuda",
         "prefill_entry.cu",

@@ -6,6 +6,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 OP_TYPE = "gqa_ragged"
 MINI = "mini_flash_attention_prefill"
 RAGGED = "gqa_ragged_prefill_causal_h32_kv8_d128"
+SWA = "gqa_ragged_prefill_causal_swa_h32_kv8_d128"  # RAGGED plus a sliding window
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 PAGED_OP_TYPE = "gqa_paged"
 PAGED_PS1 = "gqa_paged_prefill_causal_h32_kv8_d128_ps1"

@@ -20,6 +20,8 @@ anything is launched. The rules:
   PREFILL_BUNDLE_VALIDATE=1 they are copied to the host and checked on every call.
 - causal: a Python bool or a 0-d bool tensor, checked on every call. sm_scale: a finite real
   number (Python float or int, not bool), checked on every call.
+- window_left (gqa_ragged_prefill_causal_swa_h32_kv8_d128): a Python int (or a 0-d integer
+  tensor) in [-1, 2**31 - 1], checked on every call; -1 means no window.
 - All tensors on one CUDA device (a CPU one only where a backend runs interpreted).
 - Paged (gqa_paged_prefill_causal_h32_kv8_d128_ps1 / _ps64): k_cache and v_cache of q's dtype,
   [num_pages, page_size, 8, 128], dense within a page (strides [page_stride, 1024, 128, 1]) with
@@ -189,6 +191,23 @@ def check_sm_scale(sm_scale) -> float:
     ok = isinstance(sm_scale, (float, int)) and not isinstance(sm_scale, bool)
     expect(ok and math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
     return float(sm_scale)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def check_window_left(window_left) -> int:
+    """Every call: a Python int (or a 0-d integer tensor, read on the host: a sync if on a GPU)
+    in [-1, 2**31 - 1]; -1 means no window. A window at least as long as the keys is no window."""
+    if type(window_left) is int and -1 <= window_left <= INT32_MAX:
+        return window_left  # the common case
+    if isinstance(window_left, torch.Tensor) and window_left.dim() == 0:
+        if not window_left.dtype.is_floating_point and window_left.dtype != torch.bool:
+            window_left = int(window_left)
+    ok = isinstance(window_left, int) and not isinstance(window_left, bool)
+    expect(ok and -1 <= window_left <= INT32_MAX, "window_left",
+           "an int in [-1, 2**31 - 1] (-1: no window)", window_left)  # fmt: skip
+    return window_left
 
 
 def token_stride(x: torch.Tensor) -> int:

@@ -13,12 +13,18 @@ from pathlib import Path
 
 from flashinfer_bench import Definition
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, PAGE_SIZES, RAGGED
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, PAGE_SIZES, RAGGED, SWA
 from .generated import GeneratedFile
 
 REFERENCES_DIR = Path(__file__).parent / "references"
 FLASHINFER_TRACE_DIR = Path(__file__).parent / "flashinfer_trace"
 PAGED_REFERENCE = "gqa_paged_prefill_causal_h32_kv8_d128"
+# Definitions whose reference file is shared: the file, and the `run` it is given (by inputs).
+SHARED_REFERENCES = {
+    RAGGED: (RAGGED, "ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale)"),
+    SWA: (RAGGED, "ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left)"),
+    **{name: (PAGED_REFERENCE, None) for name in PAGE_SIZES},
+}
 
 _CONST_AXES = {
     "num_heads": {"type": "const", "value": NUM_HEADS, "description": "Query heads."},
@@ -121,20 +127,48 @@ SPECS = {
 }
 
 
+_SWA_INPUTS = dict(SPECS[RAGGED]["inputs"])
+_SWA_SCALE = _SWA_INPUTS.pop("sm_scale")
+SPECS[SWA] = {
+    **SPECS[RAGGED],
+    "name": SWA,
+    "description": (
+        "Causal sliding-window GQA prefill attention over a ragged batch (Mistral, Gemma 3's local "
+        "layers, gpt-oss), otherwise exactly gqa_ragged_prefill_causal_h32_kv8_d128. With p = i + "
+        "seq_kv - seq_q the bottom-right aligned position of query i of a sequence, it sees key j "
+        "iff p - window_left <= j <= p (FlashInfer's window_left); window_left = -1 means no "
+        "window (plain causal). A query row that sees no key returns zeros and lse -inf; so does a "
+        "sequence with no query or no key. lse is the base-2 log-sum-exp of the scaled logits of "
+        "the keys it sees."
+    ),
+    "tags": ["stage:prefill", "attention:flash", "attention:sliding-window"],
+    "inputs": {
+        **_SWA_INPUTS,
+        "window_left": {
+            "shape": None,
+            "dtype": "int32",
+            "description": "Keys a query sees to its left (0: only itself); -1: no window.",
+        },
+        "sm_scale": _SWA_SCALE,
+    },
+}
+
 SPECS.update(
     {name: json.loads((FLASHINFER_TRACE_DIR / f"{name}.json").read_text()) for name in PAGE_SIZES}
 )
 
 
 def reference_path(name: str) -> Path:
-    return REFERENCES_DIR / f"{PAGED_REFERENCE if name in PAGE_SIZES else name}.py"
+    return REFERENCES_DIR / f"{SHARED_REFERENCES.get(name, (name,))[0]}.py"
 
 
 def reference_source(name: str) -> str:
+    """The reference file; a shared one gets this definition's `run`, taking its inputs."""
     source = reference_path(name).read_text()
-    if name in PAGE_SIZES:  # the shared paged reference: this page size's run, by its inputs
+    if name in SHARED_REFERENCES:
         params = ", ".join(SPECS[name]["inputs"])
-        source += f"\n\ndef run({params}):\n    return run_ps{PAGE_SIZES[name]}({params})\n"
+        call = SHARED_REFERENCES[name][1] or f"run_ps{PAGE_SIZES[name]}({params})"
+        source += f"\n\ndef run({params}):\n    return {call}\n"
     return source
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flashinfer_bench import Solution
 
-from . import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
+from . import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from .definitions import SPECS as DEFINITION_SPECS
 from .generated import GeneratedFile
 
@@ -271,6 +271,81 @@ SOLUTIONS += [
         "ragged kernels with a paged K/V loader (sm_90a: TMA per page of 64, a cp.async gather "
         "for page size 1).",
         binding="tvm-ffi",
+    ),
+]
+
+
+def _swa(backend: str, language: str, entry_file: str, sources: tuple, description: str, **kw):
+    """A backend's sliding-window solution: its ragged kernel with the band mask."""
+    return SolutionSpec(
+        name=f"{backend}_swa",
+        definition=SWA,
+        backend=backend,
+        language=language,
+        entry_point=f"{entry_file}::run_ragged_swa",
+        sources=sources,
+        description=description,
+        **kw,
+    )
+
+
+_SWA_BUNDLE = [
+    _swa(
+        "triton",
+        "triton",
+        "triton_prefill.py",
+        TRITON_SOURCES,
+        "Triton flash attention forward over a ragged batch with a sliding window: only the key "
+        "tiles that meet the band are visited, masks only on its two edges.",
+        shared_sources=("arguments.py",),
+    ),
+    _swa(
+        "tilelang",
+        "tilelang",
+        "tilelang_prefill.py",
+        TILELANG_SOURCES,
+        "TileLang flash attention for Hopper with a sliding window: the ragged warp-specialized "
+        "program visiting only the key tiles that meet the band, work weighed by band size.",
+        shared_sources=("arguments.py",),
+        dependencies=("tilelang",),
+    ),
+    _swa(
+        "cuda",
+        "cuda",
+        "prefill_entry.cu",
+        CUDA_SOURCES,
+        "CUDA C++ flash attention forward with a sliding window: the ragged kernels visiting only "
+        "the key tiles that meet the band (masks on its two edges), the persistent schedule "
+        "weighing work by band size.",
+        binding="tvm-ffi",
+    ),
+]
+SOLUTIONS += [
+    _swa(
+        "flashinfer",
+        "python",
+        "flashinfer_prefill.py",
+        ("flashinfer_prefill.py",),
+        "Baseline: FlashInfer BatchPrefillWithRaggedKVCacheWrapper (fa3 on Hopper) planned with "
+        "window_left, plan cached per shape and window.",
+        author=BASELINE_AUTHOR,
+        dependencies=("flashinfer-python",),
+    ),
+    _swa(
+        "sdpa",
+        "python",
+        "sdpa_prefill.py",
+        ("sdpa_prefill.py",),
+        "Baseline: the varlen FlashAttention kernel behind torch SDPA with its own sliding window "
+        "(window_size_left = window_left, window_size_right = 0).",
+        author=BASELINE_AUTHOR,
+        destination_passing_style=False,
+    ),
+    # While the backends' window kernels land one by one: those whose entry file has one.
+    *(
+        s
+        for s in _SWA_BUNDLE
+        if "run_ragged_swa" in (s.folder / s.entry_point.split("::")[0]).read_text()
     ),
 ]
 

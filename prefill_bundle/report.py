@@ -17,13 +17,14 @@ from .packing import BASELINE_AUTHOR, SOLUTIONS
 FLASHINFER_BACKEND = "flashinfer"
 
 
-def visible_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
-    """(query, key) pairs the mask lets through; bottom-right aligned when causal."""
+def visible_pairs(seq_q: int, seq_kv: int, causal: bool, window_left: int = -1) -> int:
+    """(query, key) pairs the mask lets through; bottom-right aligned when causal; with a window
+    (window_left >= 0), only the keys p - window_left..p of the query at position p."""
     if not causal:
         return seq_q * seq_kv
-    offset = seq_kv - seq_q
-    rows = torch.arange(seq_q, dtype=torch.int64)
-    return int((rows + offset + 1).clamp(0, seq_kv).sum())
+    last = torch.arange(seq_q, dtype=torch.int64) + seq_kv - seq_q  # each row's last key
+    first = (last - window_left).clamp_min(0) if window_left >= 0 else torch.zeros_like(last)
+    return int((last.clamp(max=seq_kv - 1) - first + 1).clamp_min(0).sum())
 
 
 def workload_flops(workload, page_size: int = 0) -> float:
@@ -42,7 +43,8 @@ def workload_flops(workload, page_size: int = 0) -> float:
             last = blob.get("kv_last_page_len", torch.ones_like(kv_lens))
             kv_lens = torch.where(kv_lens > 0, (kv_lens - 1) * page_size + last, 0)
         kv_lens = kv_lens.tolist()
-        pairs = sum(visible_pairs(q, kv, True) for q, kv in zip(q_lens, kv_lens))
+        window = int(inputs["window_left"].value) if "window_left" in inputs else -1
+        pairs = sum(visible_pairs(q, kv, True, window) for q, kv in zip(q_lens, kv_lens))
     return 4.0 * NUM_HEADS * HEAD_DIM * pairs
 
 
@@ -86,7 +88,10 @@ def apply_choices(trace_set: TraceSet) -> list:
     for def_name, index in sorted(table.index.items()):
         for key, solution in sorted(index.items(), key=lambda kv: str(kv[0])):
             bucket = ", ".join(f"{name} ≤ {value}" for name, value in key.axes)
-            lines.append(f"| {def_name} | {bucket} | {dict(key.feats)['causal']} | {solution} |")
+            feats = dict(key.feats)
+            if "window" in feats:
+                bucket += f", window ≤ {feats['window']}" if feats["window"] >= 0 else ", no window"
+            lines.append(f"| {def_name} | {bucket} | {feats['causal']} | {solution} |")
     for def_name, solution in sorted(table.def_best.items()):
         lines.append(f"| {def_name} | any other | | {solution} (definition's best) |")
     return lines + [""]

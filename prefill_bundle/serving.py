@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 
 from flashinfer_bench import TraceSet
 from flashinfer_bench.apply import ApplyConfig, ApplyConfigRegistry, ApplyRuntime
@@ -61,8 +62,14 @@ def pow2_bucket(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+def window_bucket(window_left) -> int:
+    """-1 (no window) stays -1; a window w >= 0 goes to the smallest power of two >= w."""
+    return -1 if window_left < 0 else pow2_bucket(window_left)
+
+
 class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
-    """Key = powers of two of (batch or sequences, query tokens, key tokens) and causal.
+    """Key = powers of two of (batch or sequences, query tokens, key tokens), causal, and for the
+    sliding-window definition the window's power of two (an unseen window goes to its bucket).
 
     Paged definitions count key tokens as pages x page size (the last pages' fill would need a
     host read). Keys are memoised per raw shape so that a call pays a dict lookup, not a
@@ -73,6 +80,7 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
         self._padded = "batch" in definition.var_axes
         page_size = definition.axes.get("page_size")
         self._page_size = page_size.value if page_size is not None else 0
+        self._windowed = "window_left" in definition.inputs  # the argument after kv_indptr
         self._names = ("batch", "seq_q", "seq_kv") if self._padded else ("seqs", "q", "kv")
         self._memo: dict = {}
 
@@ -85,7 +93,9 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
                 raw = (args[3].shape[0] - 1, q.shape[0], args[5].shape[0] * self._page_size, True)
             else:
                 raw = (args[3].shape[0] - 1, q.shape[0], k.shape[0], True)
-        except (AttributeError, IndexError, TypeError, RuntimeError):
+            if self._windowed:
+                raw += (operator.index(args[5]),)
+        except (AttributeError, IndexError, TypeError, RuntimeError, ValueError):
             return UNSERVABLE_KEY  # not the definition's arguments: the solution will say why
         key = self._memo.get(raw)
         if key is None:
@@ -102,14 +112,17 @@ class BucketedPrefillKeyBuilder(ApplyKeyBuilder):
         if self._page_size:
             kv_tokens = axes["num_kv_indices"] * self._page_size
             return self._key(axes["len_indptr"] - 1, axes["total_q"], kv_tokens, True)
-        return self._key(axes["len_indptr"] - 1, axes["total_q"], axes["total_kv"], True)
+        window = (int(workload.inputs["window_left"].value),) if self._windowed else ()
+        return self._key(axes["len_indptr"] - 1, axes["total_q"], axes["total_kv"], True, *window)
 
     def features(self, args):
         return ()
 
-    def _key(self, sequences: int, q_tokens: int, kv_tokens: int, causal: bool) -> ApplyKey:
+    def _key(self, sequences: int, q_tokens: int, kv_tokens: int, causal: bool,
+             *window) -> ApplyKey:  # fmt: skip
         buckets = map(pow2_bucket, (sequences, q_tokens, kv_tokens))
-        return ApplyKey(axes=tuple(zip(self._names, buckets)), feats=(("causal", causal),))
+        feats = (("causal", causal),) + tuple(("window", window_bucket(w)) for w in window)
+        return ApplyKey(axes=tuple(zip(self._names, buckets)), feats=feats)
 
 
 UNSERVABLE_KEY = ApplyKey(axes=(), feats=(("unservable", True),))

@@ -14,9 +14,16 @@ import torch
 from flashinfer_bench import Definition, Solution
 from flashinfer_bench.compile import BuilderRegistry
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
+from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from .definitions import definition_path
-from .workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, PagedBatch, lengths_to_indptr
+from .workloads import (
+    MINI_SHAPES,
+    PAGED_BATCHES,
+    RAGGED_BATCHES,
+    SWA_BATCHES,
+    PagedBatch,
+    lengths_to_indptr,
+)
 
 ATOL = RTOL = 1e-2
 # Normwise relative error allowed per output dtype. bf16 keeps 8 bits of mantissa against fp16's
@@ -45,13 +52,18 @@ class RaggedCase:
     kv_lens: tuple
     dtype: torch.dtype = torch.bfloat16
     sm_scale: float = 1.0 / math.sqrt(HEAD_DIM)
-    definition = RAGGED
+    window_left: int | None = None  # set: a case of the sliding-window definition
+
+    @property
+    def definition(self) -> str:
+        return RAGGED if self.window_left is None else SWA
 
     @property
     def id(self) -> str:
         pairs = "_".join(f"{q}x{kv}" for q, kv in zip(self.q_lens, self.kv_lens))
         scale = "" if self.sm_scale == 1.0 / math.sqrt(HEAD_DIM) else f"_scale{self.sm_scale:g}"
-        return f"ragged_{pairs[:60]}_{len(self.q_lens)}seq_{str(self.dtype)[6:]}{scale}"
+        window = "" if self.window_left is None else f"_window{self.window_left}"
+        return f"ragged_{pairs[:60]}_{len(self.q_lens)}seq_{str(self.dtype)[6:]}{scale}{window}"
 
 
 # Small shapes for the interpreter: lengths off the tile grid, length 1, seq_q != seq_kv both
@@ -93,6 +105,36 @@ GPU_RAGGED_CASES = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES] + [
     # sm_scale is the caller's: zero (uniform weights) and negative are valid floats too.
     RaggedCase((100, 37), (100, 300), sm_scale=0.0),
     RaggedCase((100, 37), (100, 300), torch.float16, sm_scale=-0.3),
+]
+
+# Sliding windows: 0 (a query sees only its own position), 1, shorter and longer than the
+# sequence, -1 (none); seq_q != seq_kv both ways, empty sequences, rows that see no key. Lengths
+# off the tile grid, so the band's edges cut tiles anywhere.
+_BF16 = torch.bfloat16
+CPU_SWA_CASES = [
+    RaggedCase((1,), (1,), window_left=0),
+    RaggedCase((37, 0, 70), (37, 0, 70), window_left=0),
+    RaggedCase((70, 9), (70, 20), window_left=1),
+    RaggedCase((130, 5), (130, 100), window_left=17),  # the band crosses several key tiles
+    RaggedCase((45, 20), (12, 70), window_left=5),  # seq_q > seq_kv: 33 rows see no key
+    RaggedCase((16, 5), (16, 0), window_left=3),  # queries without keys
+    RaggedCase((65, 1, 17), (65, 1, 17), torch.float16, window_left=200),  # longer than all
+    RaggedCase((33, 40), (33, 90), window_left=-1),  # no window: plain causal
+    RaggedCase((9, 20), (9, 33), torch.float16, sm_scale=-0.3, window_left=7),
+]
+GPU_SWA_CASES = [
+    RaggedCase(b.q_lens, b.kv_lens, window_left=b.window_left) for b in SWA_BATCHES
+] + [
+    RaggedCase((1000, 0, 77), (300, 0, 77), window_left=64),  # 700 rows see no key
+    RaggedCase((129, 3, 511), (257, 0, 2049), window_left=0),
+    RaggedCase((129, 3, 511), (257, 0, 2049), window_left=1),
+    RaggedCase((4500, 37), (3000, 4000), window_left=300),
+    RaggedCase((3000, 2048), (3000, 9000), window_left=127),  # band edges inside key tiles
+    RaggedCase((3000, 2048), (3000, 9000), torch.float16, window_left=128),
+    RaggedCase((8192,), (8192,), window_left=-1),
+    RaggedCase((100, 200), (500, 400), torch.float16, window_left=1 << 30),
+    RaggedCase((100, 37), (100, 300), sm_scale=0.0, window_left=50),
+    RaggedCase((2048, 1), (16384, 5000), _BF16, sm_scale=-0.3, window_left=1000),
 ]
 
 
@@ -196,6 +238,7 @@ def make_inputs(case, device, seed: int = 0) -> list:
         randn(total_kv, NUM_KV_HEADS, HEAD_DIM),
         lengths_to_indptr(case.q_lens).to(device),
         lengths_to_indptr(case.kv_lens).to(device),
+        *(() if case.window_left is None else (case.window_left,)),
         case.sm_scale,
     ]
 

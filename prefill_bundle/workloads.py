@@ -16,7 +16,7 @@ import torch
 from flashinfer_bench import Trace
 from safetensors.torch import save
 
-from . import HEAD_DIM, MINI, OP_TYPE, PAGE_SIZES, PAGED_OP_TYPE, RAGGED
+from . import HEAD_DIM, MINI, OP_TYPE, PAGE_SIZES, PAGED_OP_TYPE, RAGGED, SWA
 from .generated import GeneratedFile
 
 
@@ -34,6 +34,11 @@ class RaggedBatch:
     name: str
     q_lens: tuple
     kv_lens: tuple
+    window_left: int | None = None  # set: a batch of the sliding-window definition
+
+    @property
+    def definition(self) -> str:
+        return RAGGED if self.window_left is None else SWA
 
     @property
     def qo_indptr(self) -> torch.Tensor:
@@ -83,6 +88,18 @@ RAGGED_BATCHES = [
     RaggedBatch("chunked_prefill_with_prefix", (512, 256), (2048, 1280)),
 ]
 
+# Sliding windows as models use them: Mistral 4096, Gemma 3's local layers 1024, gpt-oss 128.
+SWA_BATCHES = [
+    RaggedBatch("prompt_32k_window_4096", (32768,), (32768,), 4096),
+    RaggedBatch("prompt_8k_window_1024", (8192,), (8192,), 1024),
+    RaggedBatch("mixed_short_and_long_window_128", _MIXED, _MIXED, 128),
+    RaggedBatch("batch4_prompts_1k_3k_window_1024", _LONG_PROMPTS, _LONG_PROMPTS, 1024),
+    # A 2K chunk over 14K of cached context: the window reaches 2K back into the prefix.
+    RaggedBatch("chunked_prefill_2k_over_16k_window_4096", (2048,), (16384,), 4096),
+    # A window longer than every sequence: plain causal attention through the window path.
+    RaggedBatch("window_8192_over_prompts_1k_3k", _LONG_PROMPTS, _LONG_PROMPTS, 8192),
+]
+
 
 def check_every_row_sees_a_key(batch: RaggedBatch) -> None:
     for q_len, kv_len in zip(batch.q_lens, batch.kv_lens):
@@ -94,7 +111,7 @@ def check_every_row_sees_a_key(batch: RaggedBatch) -> None:
 
 
 def blob_path(batch: RaggedBatch) -> str:
-    return f"blob/workloads/{OP_TYPE}/{RAGGED}/{batch.name}.safetensors"
+    return f"blob/workloads/{OP_TYPE}/{batch.definition}/{batch.name}.safetensors"
 
 
 def mini_trace(shape: PaddedShape) -> Trace:
@@ -117,9 +134,19 @@ def mini_trace(shape: PaddedShape) -> Trace:
 
 def ragged_trace(batch: RaggedBatch) -> Trace:
     path = blob_path(batch)
+    inputs = {
+        "q": {"type": "random"},
+        "k": {"type": "random"},
+        "v": {"type": "random"},
+        "qo_indptr": {"type": "safetensors", "path": path, "tensor_key": "qo_indptr"},
+        "kv_indptr": {"type": "safetensors", "path": path, "tensor_key": "kv_indptr"},
+    }
+    if batch.window_left is not None:
+        inputs["window_left"] = {"type": "scalar", "value": batch.window_left}
+    inputs["sm_scale"] = {"type": "scalar", "value": 1.0 / math.sqrt(HEAD_DIM)}
     return Trace.model_validate(
         {
-            "definition": RAGGED,
+            "definition": batch.definition,
             "workload": {
                 "uuid": batch.name,
                 "axes": {
@@ -127,14 +154,7 @@ def ragged_trace(batch: RaggedBatch) -> Trace:
                     "total_kv": sum(batch.kv_lens),
                     "len_indptr": len(batch.q_lens) + 1,
                 },
-                "inputs": {
-                    "q": {"type": "random"},
-                    "k": {"type": "random"},
-                    "v": {"type": "random"},
-                    "qo_indptr": {"type": "safetensors", "path": path, "tensor_key": "qo_indptr"},
-                    "kv_indptr": {"type": "safetensors", "path": path, "tensor_key": "kv_indptr"},
-                    "sm_scale": {"type": "scalar", "value": 1.0 / math.sqrt(HEAD_DIM)},
-                },
+                "inputs": inputs,
             },
         }
     )
@@ -262,12 +282,13 @@ def paged_workload_files() -> list[GeneratedFile]:
 
 
 def workload_files() -> list[GeneratedFile]:
-    for batch in RAGGED_BATCHES + PAGED_BATCHES:
+    for batch in RAGGED_BATCHES + SWA_BATCHES + PAGED_BATCHES:
         check_every_row_sees_a_key(batch)
     return paged_workload_files() + [
         GeneratedFile(f"workloads/{OP_TYPE}/{MINI}.jsonl", [mini_trace(s) for s in MINI_SHAPES]),
         GeneratedFile(
             f"workloads/{OP_TYPE}/{RAGGED}.jsonl", [ragged_trace(b) for b in RAGGED_BATCHES]
         ),
-        *(GeneratedFile(blob_path(b), ragged_blob(b)) for b in RAGGED_BATCHES),
+        GeneratedFile(f"workloads/{OP_TYPE}/{SWA}.jsonl", [ragged_trace(b) for b in SWA_BATCHES]),
+        *(GeneratedFile(blob_path(b), ragged_blob(b)) for b in RAGGED_BATCHES + SWA_BATCHES),
     ]

@@ -7,11 +7,11 @@ import torch
 from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
-from prefill_bundle import MINI, PAGE_SIZES, RAGGED, REPO_ROOT
+from prefill_bundle import MINI, PAGE_SIZES, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES
+from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 
 def load():
@@ -20,7 +20,7 @@ def load():
 
 def test_trace_set_loads_definitions_solutions_workloads():
     ts = load()
-    assert set(ts.definitions) == {MINI, RAGGED, *PAGE_SIZES}
+    assert set(ts.definitions) == {MINI, RAGGED, SWA, *PAGE_SIZES}
     assert {s.name for sols in ts.solutions.values() for s in sols} == {s.name for s in SOLUTIONS}
     for name, sols in ts.solutions.items():
         assert name in ts.definitions
@@ -28,6 +28,7 @@ def test_trace_set_loads_definitions_solutions_workloads():
             assert sol.get_entry_source() is not None
     assert len(ts.workloads[MINI]) == len(MINI_SHAPES) == 7
     assert len(ts.workloads[RAGGED]) == len(RAGGED_BATCHES)
+    assert len(ts.workloads[SWA]) == len(SWA_BATCHES)
     for name in PAGE_SIZES:
         assert len(ts.workloads[name]) == len(PAGED_BATCHES)
 
@@ -57,9 +58,23 @@ def test_workload_axes_match_definition():
             assert set(trace.workload.inputs) == set(definition.inputs)
 
 
+def test_sliding_window_definition_is_the_ragged_one_plus_window_left():
+    ts = load()
+    ragged, swa = ts.definitions[RAGGED], ts.definitions[SWA]
+    assert list(swa.inputs) == ["q", "k", "v", "qo_indptr", "kv_indptr", "window_left", "sm_scale"]
+    assert (
+        swa.inputs["window_left"].dtype.value == "int32" and swa.inputs["window_left"].shape is None
+    )
+    assert {k: v for k, v in swa.inputs.items() if k != "window_left"} == dict(ragged.inputs)
+    assert swa.outputs == ragged.outputs and swa.axes == ragged.axes
+    windows = {t.workload.inputs["window_left"].value for t in ts.workloads[SWA]}
+    assert {4096, 1024, 128} <= windows  # Mistral, Gemma 3 local, gpt-oss
+    assert any(w > 8192 - 1 for w in windows)  # a window longer than its sequences
+
+
 def test_ragged_blobs_agree_with_axes_and_constraints():
     ts = load()
-    for trace in ts.workloads[RAGGED]:
+    for trace in ts.workloads[RAGGED] + ts.workloads[SWA]:
         axes, inputs = trace.workload.axes, trace.workload.inputs
         tensors = {
             name: load_file(str(REPO_ROOT / spec.path))[spec.tensor_key]

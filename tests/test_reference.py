@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from prefill_bundle import MINI, PAGED_PS1, PAGED_PS64, RAGGED
+from prefill_bundle import MINI, PAGED_PS1, PAGED_PS64, RAGGED, SWA
 from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
@@ -16,8 +16,10 @@ from prefill_bundle.testing import (
 )
 
 
-def attention_fp64(q, k, v, q_lens, kv_lens, scale, causal):
+def attention_fp64(q, k, v, q_lens, kv_lens, scale, causal, window_left=-1):
     """Written differently on purpose: KV heads repeated, an additive mask, torch.logsumexp.
+    A window (window_left >= 0) is a second additive mask: keys more than window_left before
+    the query's bottom-right position j - i = kv_len - q_len.
 
     q: [total_q, H, D]; k, v: [total_kv, KV, D]. Returns (out [total_q, H, D], lse2 [total_q, H]).
     """
@@ -35,6 +37,9 @@ def attention_fp64(q, k, v, q_lens, kv_lens, scale, causal):
             i = torch.arange(q_len)[:, None]
             j = torch.arange(kv_len)[None, :]
             logits = logits + torch.where(j - i <= kv_len - q_len, 0.0, -math.inf)
+            if window_left >= 0:
+                too_far = j - i < kv_len - q_len - window_left
+                logits = logits + torch.where(too_far, -math.inf, 0.0)
         seq_lse = torch.logsumexp(logits, dim=-1)  # [H, q_len], -inf where no key is visible
         probs = torch.exp(logits - seq_lse[..., None]).nan_to_num(0.0)
         out[q_off : q_off + q_len] = torch.einsum("hqk,khd->qhd", probs, vs)
@@ -92,6 +97,44 @@ def test_ragged_reference_matches_fp64(case):
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
 
 
+SWA_CASES = [
+    RaggedCase((1,), (1,), window_left=0),
+    RaggedCase((9, 0, 11), (9, 0, 11), window_left=0),  # only the query's own position
+    RaggedCase((9, 4), (9, 12), window_left=1),
+    RaggedCase((12, 3), (20, 2), window_left=4),  # seq_q < seq_kv, then seq_q > seq_kv
+    RaggedCase((7, 6), (7, 6), window_left=100),  # longer than the sequences
+    RaggedCase((8, 5), (8, 9), window_left=-1),  # no window
+    RaggedCase((5, 2), (0, 2), window_left=2),  # queries with no key at all
+]
+
+
+@pytest.mark.parametrize("case", SWA_CASES, ids=lambda c: c.id)
+def test_sliding_window_reference_matches_fp64(case):
+    q, k, v, qo_indptr, kv_indptr, window_left, sm_scale = make_inputs(case, "cpu", seed=7)
+    output, lse = reference(SWA)(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale)
+    want = attention_fp64(q, k, v, case.q_lens, case.kv_lens, sm_scale, True, window_left)
+    torch.testing.assert_close(output.double(), want[0], atol=1e-2, rtol=1e-2)
+    assert torch.equal(lse.isinf(), want[1].isinf())
+    torch.testing.assert_close(lse.double(), want[1], atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_of_0_is_each_rows_own_value():
+    """window_left 0: a query sees only the key at its own position, so it returns that value."""
+    case = RaggedCase((5,), (8,), window_left=0)
+    q, k, v, qo, kv, window_left, scale = make_inputs(case, "cpu", seed=8)
+    output, _ = reference(SWA)(q, k, v, qo, kv, window_left, scale)
+    expected = v[3:8].repeat_interleave(4, dim=1)  # query i sits at key position i + 3
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bad", [-2, 1.5, True, "4096", torch.tensor(3.0)])
+def test_sliding_window_reference_rejects_bad_windows(bad):
+    inputs = make_inputs(RaggedCase((3,), (3,), window_left=1), "cpu")
+    inputs[5] = bad
+    with pytest.raises((ValueError, TypeError), match="window_left"):
+        reference(SWA)(*inputs)
+
+
 def test_rows_without_keys_are_zero_not_nan():
     case = RaggedCase((6,), (2,))
     output, lse = reference(RAGGED)(*make_inputs(case, "cpu", seed=3))
@@ -124,6 +167,8 @@ MUTATIONS = {
     "top-left causal mask": ("query_pos + (seq_kv - seq_q)", "query_pos"),
     "natural-log lse": ("* log2_e).squeeze", "* 1.0).squeeze"),
     "wrong GQA mapping": ("heads = slice(kv_head * group_size", "heads = slice(0 * group_size"),
+    "window one key short": ("last_key - window_left", "last_key - window_left + 1"),
+    "window ignored": ("if window_left >= 0:", "if window_left >= 1 << 40:"),
 }
 
 
@@ -136,8 +181,8 @@ def test_fp64_check_rejects_a_broken_reference(mutation):
     exec(source.replace(old, new), namespace)
     case = RaggedCase((3, 8), (10, 8))
     q, k, v, qo, kv, scale = make_inputs(case, "cpu", seed=6)
-    output, lse = namespace["run"](q, k, v, qo, kv, scale)
-    want_out, want_lse = attention_fp64(q, k, v, case.q_lens, case.kv_lens, scale, True)
+    output, lse = namespace["ragged_attention"](q, k, v, qo, kv, scale, 2)
+    want_out, want_lse = attention_fp64(q, k, v, case.q_lens, case.kv_lens, scale, True, 2)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)

@@ -10,7 +10,7 @@ import torch
 from flashinfer_bench import TraceSet
 from flashinfer_bench.apply import ApplyConfig, ApplyRuntime, apply, disable_apply
 
-from prefill_bundle import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT
+from prefill_bundle import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.serving import (
     UNSERVABLE_KEY,
     BucketedPrefillKeyBuilder,
@@ -18,8 +18,15 @@ from prefill_bundle.serving import (
     enable_bundle_apply,
     pow2_bucket,
 )
-from prefill_bundle.testing import PagedCase, make_inputs
-from prefill_bundle.workloads import PAGED_BATCHES, PaddedShape, mini_trace, paged_trace
+from prefill_bundle.testing import PagedCase, RaggedCase, make_inputs
+from prefill_bundle.workloads import (
+    PAGED_BATCHES,
+    SWA_BATCHES,
+    PaddedShape,
+    mini_trace,
+    paged_trace,
+    ragged_trace,
+)
 
 MARKERS = {"solution_a": 1.0, "solution_b": 2.0, "broken": 3.0, "incorrect": 4.0}
 FALLBACK_MARKER = -1.0
@@ -185,6 +192,26 @@ def test_paged_key_counts_key_tokens_as_pages_times_page_size(name, page_size):
     assert from_args == builder.build_from_workload(paged_trace(batch, name).workload)
     pages = inputs[5].shape[0]
     assert dict(from_args.axes) == {"seqs": 8, "q": 2048, "kv": pow2_bucket(pages * page_size)}
+
+
+def test_window_is_part_of_the_key_by_its_power_of_two():
+    """An unseen window keys to its bucket (1000 with 1024), so it goes to that bucket's winner;
+    no window (-1) and window 0 are buckets of their own."""
+    definition = TraceSet.from_path(str(REPO_ROOT)).definitions[SWA]
+    builder = BucketedPrefillKeyBuilder(definition)
+    batch = SWA_BATCHES[1]  # 8K prompt, window 1024
+    assert batch.window_left == 1024
+    inputs = make_inputs(RaggedCase(batch.q_lens, batch.kv_lens, window_left=1000), "meta")
+    from_args = builder.build_from_args(inputs)
+    assert from_args == builder.build_from_workload(ragged_trace(batch).workload)
+    assert dict(from_args.feats) == {"causal": True, "window": 1024}
+
+    def key(window):
+        return builder.build_from_args(inputs[:5] + [window] + inputs[6:])
+
+    assert key(1024) == from_args != key(1025)
+    assert len({key(-1), key(0), key(1), key(1024)}) == 4
+    assert key("1024") == UNSERVABLE_KEY  # the solution will say why
 
 
 def test_baselines_do_not_serve_unless_named(trace_root, monkeypatch):

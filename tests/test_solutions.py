@@ -15,10 +15,12 @@ from prefill_bundle.testing import (
     CPU_PADDED_CASES,
     CPU_PAGED_CASES,
     CPU_RAGGED_CASES,
+    CPU_SWA_CASES,
     GPU_FUSED_CASES,
     GPU_PADDED_CASES,
     GPU_PAGED_CASES,
     GPU_RAGGED_CASES,
+    GPU_SWA_CASES,
     PaddedCase,
     RaggedCase,
     baselines_apply,
@@ -71,6 +73,13 @@ def test_ragged(solution, case):
 @pytest.mark.parametrize("solution,case", matrix(CPU_PAGED_CASES, GPU_PAGED_CASES))
 def test_paged(solution, case):
     """Shuffled and shared pages, partly filled last pages, NaN in every unused cache slot."""
+    check_against_reference(solution, case)
+
+
+@pytest.mark.parametrize("solution,case", matrix(CPU_SWA_CASES, GPU_SWA_CASES))
+def test_sliding_window(solution, case):
+    """Windows of 0, 1, shorter and longer than the sequence, none (-1); band edges off the
+    tile grid."""
     check_against_reference(solution, case)
 
 

@@ -1,4 +1,5 @@
 import math
+import operator
 
 import torch
 
@@ -6,14 +7,22 @@ QUERY_CHUNK = 4096  # query rows per step: bounds the fp32 logits to 4 x 4096 x 
 
 
 @torch.no_grad()
-def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
+def ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
     """Causal GQA attention over a ragged batch in fp32, one (sequence, KV head, query chunk) at
-    a time.
+    a time; with window_left >= 0, a sliding window too.
 
     q: [total_q, 32, 128] bfloat16; k, v: [total_kv, 8, 128] bfloat16;
     qo_indptr, kv_indptr: [len_indptr] int32 (sequence s owns rows indptr[s]:indptr[s + 1]);
-    sm_scale: float. Returns (output [total_q, 32, 128] bfloat16, lse [total_q, 32] float32).
+    sm_scale: float; window_left: int, -1 for no window. Returns (output [total_q, 32, 128]
+    bfloat16, lse [total_q, 32] float32).
     """
+    try:
+        window = -2 if isinstance(window_left, bool) else operator.index(window_left)
+    except TypeError:
+        window = -2
+    if window < -1:
+        raise ValueError(f"window_left: expected an int >= -1 (-1: no window), got {window_left!r}")
+    window_left = window
     total_q, num_heads, head_dim = q.shape
     total_kv, num_kv_heads = k.shape[0], k.shape[1]
     if (num_heads, head_dim) != (32, 128):
@@ -53,8 +62,12 @@ def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
             chunk_end = min(chunk + QUERY_CHUNK, seq_q)
             rows = slice(q_start + chunk, q_start + chunk_end)
             query_pos = torch.arange(chunk, chunk_end, device=q.device)[:, None]
-            # Bottom-right aligned causal mask: query i sees key j iff j <= i + (seq_kv - seq_q).
-            visible = key_pos <= query_pos + (seq_kv - seq_q)
+            # Bottom-right aligned causal mask: query i sees key j iff j <= p, p = i + seq_kv -
+            # seq_q; a window also needs j >= p - window_left (FlashInfer's window_left).
+            last_key = query_pos + (seq_kv - seq_q)
+            visible = key_pos <= last_key
+            if window_left >= 0:
+                visible &= key_pos >= last_key - window_left
             for kv_head in range(num_kv_heads):
                 heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
                 q_group = q[rows, heads, :].float().transpose(0, 1)  # [group, rows, head_dim]

@@ -7,6 +7,8 @@ sync could read: its cache is keyed on (total_q, total_kv, batch), so two batche
 totals but different lengths would share a plan. That is fine for benchmarking a workload whose
 lengths are fixed; serve ragged batches through FlashInfer's own plan()/run() instead.
 
+The sliding-window definition plans the same wrapper with window_left (its cache key too).
+
 The paged definitions run BatchPrefillWithPagedKVCacheWrapper the same way (causal, NHD, plan
 cached per shape). Its plan keeps the index tensors it was given and its run reads them, so
 every call points the planned wrapper at that call's tensors (flashinfer-bench clones the inputs
@@ -32,7 +34,7 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return _workspaces[device]
 
 
-def _planned_wrapper(key, qo_indptr, kv_indptr, causal, sm_scale, dtype):
+def _planned_wrapper(key, qo_indptr, kv_indptr, causal, sm_scale, dtype, window_left=-1):
     wrapper = _planned.get(key)
     if wrapper is None:
         device = qo_indptr.device
@@ -47,6 +49,7 @@ def _planned_wrapper(key, qo_indptr, kv_indptr, causal, sm_scale, dtype):
             HEAD_DIM,
             causal=causal,
             sm_scale=sm_scale,
+            window_left=window_left,
             q_data_type=dtype,
             kv_data_type=dtype,
             o_data_type=dtype,
@@ -76,6 +79,16 @@ def run_padded(q, k, v, causal, out):
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     key = ("ragged", q.shape[0], k.shape[0], qo_indptr.shape[0], float(sm_scale), q.dtype, q.device)
     wrapper = _planned_wrapper(key, qo_indptr, kv_indptr, True, float(sm_scale), q.dtype)
+    wrapper.run(q, k, v, out=output, lse=lse, return_lse=True)
+
+
+def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse):
+    """The ragged wrapper planned with FlashInfer's own window_left (same meaning as ours)."""
+    window_left = int(window_left)
+    key = ("swa", q.shape[0], k.shape[0], qo_indptr.shape[0], window_left, float(sm_scale),
+           q.dtype, q.device)  # fmt: skip
+    wrapper = _planned_wrapper(key, qo_indptr, kv_indptr, True, float(sm_scale), q.dtype,
+                               window_left)  # fmt: skip
     wrapper.run(q, k, v, out=output, lse=lse, return_lse=True)
 
 

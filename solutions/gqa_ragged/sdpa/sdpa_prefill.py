@@ -9,6 +9,10 @@ log-sum-exp, which SDPA does not return: it calls the varlen FlashAttention kern
 on the host, one small device-to-host copy per call. Both return their outputs (no out= in SDPA,
 so destination passing would cost an extra copy).
 
+The sliding-window definition passes the window to the same varlen kernel (FlashAttention's
+window_size_left, with window_size_right 0: FlashInfer's meaning, bottom-right aligned): the
+band without materialising a mask, and the log-sum-exp with it.
+
 The paged definitions gather each sequence's K/V out of the pages into a ragged batch (torch
 indexing; the token map needs the lengths on the host, one more small copy), then run the
 ragged path.
@@ -54,10 +58,22 @@ def run_padded(q, k, v, causal):
     return out.transpose(1, 2)
 
 
-def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale):
+def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
     lengths = torch.stack([qo_indptr.diff(), kv_indptr.diff()]).amax(dim=1).tolist()
+    window = {} if window_left < 0 else {"window_size_left": window_left, "window_size_right": 0}
     output, lse, *_ = torch.ops.aten._flash_attention_forward(
-        q, k, v, qo_indptr, kv_indptr, lengths[0], lengths[1], 0.0, True, False, scale=sm_scale
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        lengths[0],
+        lengths[1],
+        0.0,
+        True,
+        False,
+        scale=sm_scale,
+        **window,
     )
     if lse.dim() == 2:  # [heads, total_q], natural log
         lse = lse.T
@@ -66,6 +82,10 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale):
         seq = torch.searchsorted(qo_indptr, rows, right=True) - 1
         lse = lse[seq, :, rows - qo_indptr[seq]]
     return output, lse * _LOG2_E
+
+
+def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale):
+    return run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, int(window_left))
 
 
 def _gather_paged(cache, kv_indptr, kv_indices, last_page_len):

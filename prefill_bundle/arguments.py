@@ -161,7 +161,7 @@ def check_paged_shapes(
     _expect_tensor(kv_indices, "kv_indices", torch.int32, (None,), "[num_kv_indices]")
     num_kv_indices = kv_indices.shape[0]
     batch = size - 1
-    if kv_last_page_len is not None:
+    if page_size > 1 or kv_last_page_len is not None:  # page size 1's definition has none
         _expect_tensor(kv_last_page_len, "kv_last_page_len", torch.int32, (batch,), f"[{batch}]")
     if batch == 0 and (total_q > 0 or num_kv_indices > 0):
         fail(

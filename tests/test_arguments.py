@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from prefill_bundle import arguments
+from prefill_bundle.packing import SOLUTIONS
 from prefill_bundle.testing import build_solution
 
 HAS_CUDA = torch.cuda.is_available()
@@ -126,6 +127,94 @@ RAGGED_ERRORS = {
 }
 
 
+def paged_args(page_size: int, **changes):
+    """Two sequences over a 5-page cache: pages [3, 0] and [4]."""
+    args = dict(
+        q=tensor(4, 32, 128, dtype=BF16),
+        k_cache=tensor(5, page_size, 8, 128, dtype=BF16),
+        v_cache=tensor(5, page_size, 8, 128, dtype=BF16),
+        qo_indptr=indptr(0, 1, 4),
+        kv_indptr=indptr(0, 2, 3),
+        kv_indices=indptr(3, 0, 4),
+        kv_last_page_len=indptr(page_size, 1),
+        sm_scale=1.0 / math.sqrt(128),
+        output=tensor(4, 32, 128, dtype=BF16),
+        lse=tensor(4, 32, dtype=F32),
+    )
+    if page_size == 1:
+        del args["kv_last_page_len"]
+    return list({**args, **changes}.values())
+
+
+def swa_args(window_left=16, **changes):
+    args = ragged_args(**changes)
+    return args[:5] + [window_left] + args[5:]
+
+
+def _cache(page_size, *lead, dtype=BF16):
+    return tensor(*(lead or (5,)), page_size, 8, 128, dtype=dtype)
+
+
+def _unaligned_page_stride(page_size):
+    page = page_size * 8 * 128
+    return tensor(5 * (page + 4), dtype=BF16).as_strided((5, page_size, 8, 128),
+                                                         (page + 4, 1024, 128, 1))  # fmt: skip
+
+
+# name: (argument, page sizes it applies to, changes(page_size))
+PAGED_ERRORS = {
+    "q_float32": ("q", (1, 64), lambda ps: dict(q=tensor(4, 32, 128, dtype=F32))),
+    "k_cache_rank_3": ("k_cache", (1, 64), lambda ps: dict(k_cache=tensor(5 * ps, 8, 128))),
+    "k_cache_other_page_size": ("k_cache", (1, 64), lambda ps: dict(k_cache=_cache(ps * 2))),
+    "k_cache_dtype_differs": ("k_cache", (1, 64), lambda ps: dict(k_cache=_cache(ps, dtype=F16))),
+    "v_cache_pages_differ": ("v_cache", (1, 64), lambda ps: dict(v_cache=_cache(ps, 6))),
+    "kv_indptr_length_differs": ("kv_indptr", (1, 64), lambda ps: dict(kv_indptr=indptr(0, 3))),
+    "kv_indices_int64": (
+        "kv_indices",
+        (1, 64),
+        lambda ps: dict(kv_indices=torch.zeros(3, dtype=torch.int64)),
+    ),
+    "kv_indices_rank_2": ("kv_indices", (1, 64), lambda ps: dict(kv_indices=indptr(3, 0, 4)[None])),
+    "kv_last_page_len_missing": ("kv_last_page_len", (64,), lambda ps: dict(kv_last_page_len=None)),
+    "kv_last_page_len_length": (
+        "kv_last_page_len",
+        (64,),
+        lambda ps: dict(kv_last_page_len=indptr(64, 1, 1)),
+    ),
+    "sm_scale_nan": ("sm_scale", (1, 64), lambda ps: dict(sm_scale=float("nan"))),
+    "output_wrong_shape": (
+        "output",
+        (1, 64),
+        lambda ps: dict(output=tensor(5, 32, 128, dtype=BF16)),
+    ),
+    "lse_wrong_dtype": ("lse", (1, 64), lambda ps: dict(lse=tensor(4, 32, dtype=BF16))),
+    "k_cache_page_not_dense": (
+        "k_cache",
+        (64,),
+        lambda ps: dict(k_cache=transposed(5, ps, 128, 8, dtype=BF16)),
+    ),
+    "v_cache_page_stride_unaligned": (
+        "v_cache",
+        (1, 64),
+        lambda ps: dict(v_cache=_unaligned_page_stride(ps)),
+    ),
+}
+PAGED_PARAMS = [
+    pytest.param(argument, page_size, changes, id=f"{name}_ps{page_size}")
+    for name, (argument, sizes, changes) in PAGED_ERRORS.items()
+    for page_size in sizes
+]
+
+SWA_ERRORS = {
+    "window_left_below_minus_1": -2,
+    "window_left_float": 1.5,
+    "window_left_bool": True,
+    "window_left_string": "16",
+    "window_left_float_tensor": torch.tensor(3.0),
+    "window_left_past_int32": 2**31,
+}
+
+
 def contract_message(definition: str, args: list) -> str:
     """What the shared Python contract says of these arguments (devices aside)."""
     try:
@@ -134,7 +223,21 @@ def contract_message(definition: str, args: list) -> str:
             arguments.check_causal(causal)
             arguments.check_padded_shapes(q, k, v, out)
             arguments.check_layout(arguments.PADDED_NAMES, (q, k, v, out), interpreted=True)
+        elif definition.startswith("paged"):
+            page_size = int(definition.removeprefix("paged_ps"))
+            if page_size == 1:
+                args = args[:6] + [None] + args[6:]
+            q, kc, vc, qo, kv, ids, last, sm_scale, output, lse = args
+            arguments.check_sm_scale(sm_scale)
+            tensors = (q, kc, vc, qo, kv, ids, last, output, lse)
+            arguments.check_paged_shapes(*tensors, page_size)
+            names = arguments.PAGED_PS64_NAMES
+            if page_size == 1:
+                tensors, names = tensors[:6] + tensors[7:], arguments.PAGED_PS1_NAMES
+            arguments.check_layout(names, tensors, interpreted=True)
         else:
+            if definition == "swa":
+                arguments.check_window_left(args.pop(5))
             q, k, v, qo, kv, sm_scale, output, lse = args
             arguments.check_sm_scale(sm_scale)
             arguments.check_ragged_shapes(q, k, v, qo, kv, output, lse)
@@ -167,6 +270,21 @@ def test_padded_errors(backend, argument, changes):
 @pytest.mark.parametrize("argument, changes", RAGGED_ERRORS.values(), ids=RAGGED_ERRORS.keys())
 def test_ragged_errors(backend, argument, changes):
     assert_rejected(backend, "ragged", ragged_args(**changes), argument)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("argument, page_size, changes", PAGED_PARAMS)
+def test_paged_errors(backend, argument, page_size, changes):
+    assert_rejected(backend, f"paged_ps{page_size}", paged_args(page_size, **changes(page_size)),
+                    argument)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window", SWA_ERRORS.values(), ids=SWA_ERRORS.keys())
+def test_window_errors(backend, window):
+    if f"{backend}_swa" not in {spec.name for spec in SOLUTIONS}:
+        pytest.skip(f"{backend} has no sliding-window solution yet")
+    assert_rejected(backend, "swa", swa_args(window_left=window), "window_left")
 
 
 def runs_here(backend: str) -> bool:

@@ -1,0 +1,79 @@
+"""On the GPU: each backend's sliding-window kernel against its own causal kernel on the same
+q, k, v (the sliding-window workloads' shapes), kernel time in one call, interleaved (causal,
+window, causal, window; best of two rounds). The issue's bar: TF/s counted over the band
+(visible pairs only) at least 0.9x the backend's own causal TF/s at the same lengths; and the
+window kernel's speed against FlashInfer's window kernel (bar 1.0 CUDA / TileLang, 0.8 Triton).
+
+    python scripts/window_vs_causal.py                       # every backend, FlashInfer too
+    python scripts/window_vs_causal.py --backends cuda flashinfer
+"""
+
+import argparse
+
+import triton.testing
+
+from prefill_bundle import HEAD_DIM, NUM_HEADS
+from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.report import visible_pairs
+from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.workloads import SWA_BATCHES
+
+FLOPS_PER_PAIR = 4 * NUM_HEADS * HEAD_DIM  # Q K^T and P V, a multiply-add each
+BAR_VS_FLASHINFER = {"cuda": 1.0, "tilelang": 1.0, "triton": 0.8}
+
+
+def kernel_ms(fn, args) -> float:
+    return triton.testing.do_bench(lambda: fn(*args), warmup=10, rep=50)
+
+
+def tflops(pairs: int, ms: float) -> float:
+    return FLOPS_PER_PAIR * pairs / (ms * 1e-3) / 1e12
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backends", nargs="*", default=["cuda", "tilelang", "triton",
+                                                          "flashinfer"])  # fmt: skip
+    options = parser.parse_args()
+    print("gpu at start:", clocks())
+    rows = []
+    for batch in SWA_BATCHES:
+        case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
+        windowed = make_inputs(case, "cuda", seed=0)
+        causal = windowed[:5] + windowed[6:]  # the same q, k, v without the window
+        lengths = list(zip(batch.q_lens, batch.kv_lens))
+        band = sum(visible_pairs(q, kv, True, batch.window_left) for q, kv in lengths)
+        full = sum(visible_pairs(q, kv, True) for q, kv in lengths)
+        timed = {}
+        for backend in options.backends:
+            pair = {}
+            for kind, name, args in (("causal", f"{backend}_ragged", causal),
+                                     ("window", f"{backend}_swa", windowed)):  # fmt: skip
+                fn = build_solution(name)
+                outs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
+                pair[kind] = (fn, args + outs)
+            best = {"causal": float("inf"), "window": float("inf")}
+            for _ in range(2):
+                for kind, (fn, args) in pair.items():
+                    best[kind] = min(best[kind], kernel_ms(fn, args))
+            timed[backend] = best
+        for backend, best in timed.items():
+            vs_fi = timed["flashinfer"]["window"] / best["window"] if "flashinfer" in timed else 0
+            speeds = tflops(full, best["causal"]), tflops(band, best["window"])
+            rows.append((batch.name, backend, best["causal"], best["window"], *speeds, vs_fi))
+    print("gpu at end:", clocks())
+    print(f"\n{'workload':40s} {'backend':10s} {'causal ms':>9s} {'window ms':>9s} "
+          f"{'causal TF/s':>11s} {'band TF/s':>9s} {'band/causal':>11s} {'vs FI':>6s}")  # fmt: skip
+    for name, backend, causal_ms, window_ms, causal_tf, band_tf, vs_fi in rows:
+        ratio = band_tf / causal_tf
+        flags = []
+        if ratio < 0.9:
+            flags.append("band < 0.9")
+        if backend in BAR_VS_FLASHINFER and vs_fi and vs_fi < BAR_VS_FLASHINFER[backend]:
+            flags.append(f"FI < {BAR_VS_FLASHINFER[backend]}")
+        print(f"{name:40s} {backend:10s} {causal_ms:9.4f} {window_ms:9.4f} {causal_tf:11.0f} "
+              f"{band_tf:9.0f} {ratio:11.3f} {vs_fi:6.2f}  {', '.join(flags)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -12,3 +12,4 @@ PAGED_OP_TYPE = "gqa_paged"
 PAGED_PS1 = "gqa_paged_prefill_causal_h32_kv8_d128_ps1"
 PAGED_PS64 = "gqa_paged_prefill_causal_h32_kv8_d128_ps64"
 PAGE_SIZES = {PAGED_PS1: 1, PAGED_PS64: 64}
+PAGED_FP8 = "gqa_paged_prefill_causal_fp8kv_h32_kv8_d128_ps64"  # PAGED_PS64, float8_e4m3fn K/V

@@ -13,7 +13,18 @@ from pathlib import Path
 
 from flashinfer_bench import Definition
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, OP_TYPE, PAGE_SIZES, RAGGED, SWA
+from . import (
+    HEAD_DIM,
+    MINI,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    OP_TYPE,
+    PAGE_SIZES,
+    PAGED_FP8,
+    PAGED_PS64,
+    RAGGED,
+    SWA,
+)
 from .generated import GeneratedFile
 
 REFERENCES_DIR = Path(__file__).parent / "references"
@@ -24,6 +35,7 @@ SHARED_REFERENCES = {
     RAGGED: (RAGGED, "ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale)"),
     SWA: (RAGGED, "ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left)"),
     **{name: (PAGED_REFERENCE, None) for name in PAGE_SIZES},
+    PAGED_FP8: (PAGED_REFERENCE, "run_ps64_fp8kv({params})"),
 }
 
 _CONST_AXES = {
@@ -158,6 +170,40 @@ SPECS.update(
 )
 
 
+def _fp8_spec(ps64: dict) -> dict:
+    """The page size 64 definition with float8_e4m3fn caches and their two scales."""
+    inputs = {}
+    for key, value in ps64["inputs"].items():
+        if key in ("k_cache", "v_cache"):
+            what = "keys" if key == "k_cache" else "values"
+            value = {**value, "dtype": "float8_e4m3fn",
+                     "description": f"Paged {what} cache, float8_e4m3fn; the real {what} are "
+                                    f"{key} * {key[0]}_scale."}  # fmt: skip
+        if key == "sm_scale":
+            for name in ("k_scale", "v_scale"):
+                inputs[name] = {
+                    "shape": None,
+                    "dtype": "float32",
+                    "description": f"Per-tensor dequantization scale of {name[0]}_cache.",
+                }
+        inputs[key] = value
+    return {
+        **ps64,
+        "name": PAGED_FP8,
+        "description": (
+            "Batched GQA prefill over a paged KV cache (page_size=64) stored in FP8 (e4m3, one "
+            "scale per tensor: K = k_cache * k_scale, V = v_cache * v_scale), bfloat16 query and "
+            "output; otherwise exactly gqa_paged_prefill_causal_h32_kv8_d128_ps64 (causal, bottom-"
+            "right aligned; lse base 2 of the scaled logits of the dequantized keys)."
+        ),
+        "tags": ["stage:prefill", "attention:flash", "kv_cache:fp8_e4m3", "model:llama-3.1-8b"],
+        "inputs": inputs,
+    }
+
+
+SPECS[PAGED_FP8] = _fp8_spec(SPECS[PAGED_PS64])
+
+
 def reference_path(name: str) -> Path:
     return REFERENCES_DIR / f"{SHARED_REFERENCES.get(name, (name,))[0]}.py"
 
@@ -167,7 +213,9 @@ def reference_source(name: str) -> str:
     source = reference_path(name).read_text()
     if name in SHARED_REFERENCES:
         params = ", ".join(SPECS[name]["inputs"])
-        call = SHARED_REFERENCES[name][1] or f"run_ps{PAGE_SIZES[name]}({params})"
+        call = (SHARED_REFERENCES[name][1] or f"run_ps{PAGE_SIZES.get(name)}({{params}})").format(
+            params=params
+        )
         source += f"\n\ndef run({params}):\n    return {call}\n"
     return source
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flashinfer_bench import Solution
 
-from . import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
+from . import MINI, OP_TYPE, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from .definitions import SPECS as DEFINITION_SPECS
 from .generated import GeneratedFile
 
@@ -346,6 +346,36 @@ SOLUTIONS += [
         s
         for s in _SWA_BUNDLE
         if "run_ragged_swa" in (s.folder / s.entry_point.split("::")[0]).read_text()
+    ),
+]
+
+
+# FP8 (e4m3) paged caches: baselines only so far.
+SOLUTIONS += [
+    SolutionSpec(
+        name="flashinfer_fp8kv",
+        definition=PAGED_FP8,
+        backend="flashinfer",
+        language="python",
+        entry_point="flashinfer_prefill.py::run_paged_ps64_fp8kv",
+        sources=("flashinfer_prefill.py",),
+        description="Baseline: FlashInfer BatchPrefillWithPagedKVCacheWrapper with kv_data_type "
+        "float8_e4m3fn, page size 64, causal, backend chosen by FlashInfer (fa3 has no bf16-query "
+        "FP8-KV kernel); k_scale folded into the softmax scale, v_scale applied after the kernel.",
+        author=BASELINE_AUTHOR,
+        dependencies=("flashinfer-python",),
+    ),
+    SolutionSpec(
+        name="sdpa_fp8kv",
+        definition=PAGED_FP8,
+        backend="sdpa",
+        language="python",
+        entry_point="sdpa_prefill.py::run_paged_ps64_fp8kv",
+        sources=("sdpa_prefill.py",),
+        description="Baseline: the FP8 pages gathered and dequantized to bfloat16, then the varlen "
+        "FlashAttention kernel behind torch SDPA.",
+        author=BASELINE_AUTHOR,
+        destination_passing_style=False,
     ),
 ]
 

@@ -14,7 +14,18 @@ import torch
 from flashinfer_bench import Definition, Solution
 from flashinfer_bench.compile import BuilderRegistry
 
-from . import HEAD_DIM, MINI, NUM_HEADS, NUM_KV_HEADS, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
+from . import (
+    HEAD_DIM,
+    MINI,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    PAGED_FP8,
+    PAGED_PS1,
+    PAGED_PS64,
+    RAGGED,
+    REPO_ROOT,
+    SWA,
+)
 from .definitions import definition_path
 from .workloads import (
     MINI_SHAPES,
@@ -149,9 +160,13 @@ class PagedCase:
     dtype: torch.dtype = torch.bfloat16
     shared_prefix: tuple = ()
     sm_scale: float = 1.0 / math.sqrt(HEAD_DIM)
+    fp8_scales: tuple = ()  # (k_scale, v_scale): the caches in float8_e4m3fn (page size 64)
+    kv_magnitude: float = 1.0  # FP8: cache values randn x this, clamped to e4m3's +-448
 
     @property
     def definition(self) -> str:
+        if self.fp8_scales:
+            return PAGED_FP8
         return PAGED_PS1 if self.page_size == 1 else PAGED_PS64
 
     @property
@@ -163,7 +178,9 @@ class PagedCase:
         pairs = "_".join(f"{q}x{kv}" for q, kv in zip(self.q_lens, self.kv_lens))
         shared = "_shared" if self.shared_prefix else ""
         scale = "" if self.sm_scale == 1.0 / math.sqrt(HEAD_DIM) else f"_scale{self.sm_scale:g}"
-        return f"paged{self.page_size}_{pairs[:60]}{shared}_{str(self.dtype)[6:]}{scale}"
+        fp8 = "_fp8kv{:g}x{:g}".format(*self.fp8_scales) if self.fp8_scales else ""
+        fp8 += f"_magnitude{self.kv_magnitude:g}" if self.kv_magnitude != 1.0 else ""
+        return f"paged{self.page_size}_{pairs[:60]}{shared}_{str(self.dtype)[6:]}{scale}{fp8}"
 
 
 CPU_PAGED_CASES = [
@@ -198,6 +215,26 @@ GPU_PAGED_CASES = (
         PagedCase((100, 37), (100, 300), 64, sm_scale=0.0),
     ]
 )
+
+
+# FP8 (e4m3) caches with per-tensor scales that are not 1; values near e4m3's limit (448) with
+# a small scale; NaN in unused slots as above.
+_FP8 = (0.5, 1.25)
+CPU_FP8_CASES = [
+    PagedCase((1,), (1,), 64, fp8_scales=_FP8),
+    PagedCase((7, 0, 33), (7, 0, 40), 64, fp8_scales=_FP8),
+    PagedCase((20, 20, 5), (129, 128, 65), 64, shared_prefix=(64, 64, 0), fp8_scales=_FP8),
+    PagedCase((45, 20), (12, 70), 64, fp8_scales=(1 / 256, 1 / 128), kv_magnitude=300.0),
+]
+GPU_FP8_CASES = [
+    PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix, fp8_scales=_FP8)
+    for b in PAGED_BATCHES
+] + [
+    PagedCase((1000, 0, 77), (300, 0, 77), 64, fp8_scales=_FP8),  # 700 rows see no key
+    PagedCase((129, 3, 511), (257, 0, 2049), 64, shared_prefix=(128, 0, 128), fp8_scales=_FP8),
+    PagedCase((2048,), (32768,), 64, fp8_scales=(1 / 256, 1 / 128), kv_magnitude=300.0),
+    PagedCase((100, 37), (100, 300), 64, sm_scale=-0.3, fp8_scales=(2.0, 0.25)),
+]
 
 
 # q, k, v sliced out of one fused QKV projection (or padded to its token stride).
@@ -249,6 +286,9 @@ def paged_inputs(case: PagedCase, device, randn) -> list:
     table = case.batch.page_table(case.page_size)
     shape = (table["num_pages"], case.page_size, NUM_KV_HEADS, HEAD_DIM)
     q, k_cache, v_cache = randn(sum(case.q_lens), NUM_HEADS, HEAD_DIM), randn(*shape), randn(*shape)
+    if case.fp8_scales:  # drawn in fp32, NaN set, then rounded to e4m3 (NaN stays NaN)
+        k_cache, v_cache = ((x.float() * case.kv_magnitude).clamp(-448, 448)
+                            for x in (k_cache, v_cache))  # fmt: skip
     owned = torch.zeros(shape[:2], dtype=torch.bool)
     kv_indptr, kv_indices = table["kv_indptr"].tolist(), table["kv_indices"].tolist()
     for s, kv_len in enumerate(case.kv_lens):
@@ -256,11 +296,13 @@ def paged_inputs(case: PagedCase, device, randn) -> list:
             owned[page, : min(case.page_size, kv_len - i * case.page_size)] = True
     for cache in (k_cache, v_cache):
         cache[~owned.to(device)] = float("nan")
+    if case.fp8_scales:
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
     inputs = [q, k_cache, v_cache] + [table[k].to(device) for k in ("qo_indptr", "kv_indptr",
                                                                     "kv_indices")]  # fmt: skip
     if case.page_size > 1:
         inputs.append(table["kv_last_page_len"].to(device))
-    return inputs + [case.sm_scale]
+    return inputs + list(case.fp8_scales) + [case.sm_scale]
 
 
 @lru_cache(maxsize=None)

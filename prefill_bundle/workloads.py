@@ -16,7 +16,7 @@ import torch
 from flashinfer_bench import Trace
 from safetensors.torch import save
 
-from . import HEAD_DIM, MINI, OP_TYPE, PAGE_SIZES, PAGED_OP_TYPE, RAGGED, SWA
+from . import HEAD_DIM, MINI, OP_TYPE, PAGE_SIZES, PAGED_FP8, PAGED_OP_TYPE, RAGGED, SWA
 from .generated import GeneratedFile
 
 
@@ -231,12 +231,18 @@ PAGED_BATCHES = [
 ]
 
 
+# The FP8 cache's dequantization scales in the workloads (flashinfer-bench draws random FP8
+# caches clamped to [-2, 2]): not 1, so a kernel that drops a scale fails.
+FP8_K_SCALE, FP8_V_SCALE = 0.5, 1.25
+PAGED_DEFINITIONS = {**PAGE_SIZES, PAGED_FP8: 64}  # page size of every paged definition
+
+
 def paged_blob_path(batch: PagedBatch, definition: str) -> str:
     return f"blob/workloads/{PAGED_OP_TYPE}/{definition}/{batch.name}.safetensors"
 
 
 def paged_trace(batch: PagedBatch, definition: str) -> Trace:
-    page_size = PAGE_SIZES[definition]
+    page_size = PAGED_DEFINITIONS[definition]
     table = batch.page_table(page_size)
     path = paged_blob_path(batch, definition)
     axes = {
@@ -252,26 +258,30 @@ def paged_trace(batch: PagedBatch, definition: str) -> Trace:
     inputs = {"q": {"type": "random"}, "k_cache": {"type": "random"}, "v_cache": {"type": "random"}}
     for key in blob_keys:
         inputs[key] = {"type": "safetensors", "path": path, "tensor_key": key}
+    if definition == PAGED_FP8:
+        inputs["k_scale"] = {"type": "scalar", "value": FP8_K_SCALE}
+        inputs["v_scale"] = {"type": "scalar", "value": FP8_V_SCALE}
     inputs["sm_scale"] = {"type": "scalar", "value": 1.0 / math.sqrt(HEAD_DIM)}
+    suffix = "fp8kv" if definition == PAGED_FP8 else f"ps{page_size}"
     return Trace.model_validate(
         {
             "definition": definition,
-            "workload": {"uuid": f"{batch.name}_ps{page_size}", "axes": axes, "inputs": inputs},
+            "workload": {"uuid": f"{batch.name}_{suffix}", "axes": axes, "inputs": inputs},
         }
     )
 
 
 def paged_blob(batch: PagedBatch, definition: str) -> bytes:
-    table = batch.page_table(PAGE_SIZES[definition])
+    table = batch.page_table(PAGED_DEFINITIONS[definition])
     keys = ["qo_indptr", "kv_indptr", "kv_indices"]
-    if PAGE_SIZES[definition] > 1:
+    if PAGED_DEFINITIONS[definition] > 1:
         keys.append("kv_last_page_len")
     return save({key: table[key] for key in keys})
 
 
 def paged_workload_files() -> list[GeneratedFile]:
     files = []
-    for definition in PAGE_SIZES:
+    for definition in PAGED_DEFINITIONS:
         traces = [paged_trace(b, definition) for b in PAGED_BATCHES]
         files.append(GeneratedFile(f"workloads/{PAGED_OP_TYPE}/{definition}.jsonl", traces))
         files += [

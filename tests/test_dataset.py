@@ -7,7 +7,7 @@ import torch
 from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
-from prefill_bundle import MINI, PAGE_SIZES, RAGGED, REPO_ROOT, SWA
+from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
@@ -20,7 +20,7 @@ def load():
 
 def test_trace_set_loads_definitions_solutions_workloads():
     ts = load()
-    assert set(ts.definitions) == {MINI, RAGGED, SWA, *PAGE_SIZES}
+    assert set(ts.definitions) == {MINI, RAGGED, SWA, PAGED_FP8, *PAGE_SIZES}
     assert {s.name for sols in ts.solutions.values() for s in sols} == {s.name for s in SOLUTIONS}
     for name, sols in ts.solutions.items():
         assert name in ts.definitions
@@ -29,7 +29,7 @@ def test_trace_set_loads_definitions_solutions_workloads():
     assert len(ts.workloads[MINI]) == len(MINI_SHAPES) == 7
     assert len(ts.workloads[RAGGED]) == len(RAGGED_BATCHES)
     assert len(ts.workloads[SWA]) == len(SWA_BATCHES)
-    for name in PAGE_SIZES:
+    for name in (*PAGE_SIZES, PAGED_FP8):
         assert len(ts.workloads[name]) == len(PAGED_BATCHES)
 
 
@@ -95,7 +95,7 @@ def test_paged_blobs_are_page_tables_of_the_axes():
     """indptr partitions, page ids in range, last pages in [1, page_size], every row sees a key,
     and the allocator's properties: shuffled pages, shared prefix pages, partly filled pages."""
     ts = load()
-    for name, page_size in PAGE_SIZES.items():
+    for name, page_size in {**PAGE_SIZES, PAGED_FP8: 64}.items():
         partial_last_pages = 0
         for trace in ts.workloads[name]:
             axes, inputs = trace.workload.axes, trace.workload.inputs
@@ -116,6 +116,9 @@ def test_paged_blobs_are_page_tables_of_the_axes():
             assert torch.all(kv_lens >= qo.diff()), trace.workload.uuid  # no keyless row
             assert not torch.equal(ids, ids.sort().values)  # shuffled
         assert partial_last_pages > 0 or page_size == 1
+    for trace in ts.workloads[PAGED_FP8]:  # scales that are not 1
+        scales = [trace.workload.inputs[k].value for k in ("k_scale", "v_scale")]
+        assert all(s > 0 for s in scales) and 1.0 not in scales
     shared = ts.workloads["gqa_paged_prefill_causal_h32_kv8_d128_ps64"][0]
     assert shared.workload.uuid == "prefix_cache_hits_8x256_ps64"
     spec = shared.workload.inputs["kv_indices"]

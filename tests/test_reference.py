@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from prefill_bundle import MINI, PAGED_PS1, PAGED_PS64, RAGGED, SWA
+from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, SWA
 from prefill_bundle.testing import (
+    CPU_FP8_CASES,
     PaddedCase,
     PagedCase,
     RaggedCase,
@@ -274,3 +275,50 @@ def test_paged_reference_rejects_bad_page_tables_by_name(position, bad, argument
     inputs[position] = bad
     with pytest.raises(ValueError, match=rf"^{argument}: expected"):
         reference(PAGED_PS64)(*inputs)
+
+
+# ---- FP8 (e4m3) paged caches -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CPU_FP8_CASES, ids=lambda c: c.id)
+def test_fp8_reference_matches_fp64_on_dequantized_pages(case):
+    """The reference against fp64 attention over K = k_cache * k_scale, V = v_cache * v_scale
+    (exact: every e4m3 value is a double), gathered token by token."""
+    inputs = make_inputs(case, "cpu", seed=9)
+    assert inputs[1].dtype == torch.float8_e4m3fn and inputs[1].float().isnan().any()
+    k_scale, v_scale = case.fp8_scales
+    output, lse = reference(PAGED_FP8)(*inputs)
+    dequantized = [inputs[0], inputs[1].double() * k_scale, inputs[2].double() * v_scale,
+                   *inputs[3:7], inputs[-1]]  # fmt: skip
+    want_out, want_lse = gathered_fp64(case, dequantized)
+    assert output.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+    # The scales matter: unit scales give another answer.
+    unscaled, _ = reference(PAGED_FP8)(*inputs[:7], 1.0, 1.0, inputs[-1])
+    assert not torch.allclose(unscaled.float(), output.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_fp8_definition_is_ps64_with_float8_caches_and_scales():
+    fp8, ps64 = load_definition(PAGED_FP8), load_definition(PAGED_PS64)
+    assert list(fp8.inputs) == ["q", "k_cache", "v_cache", "qo_indptr", "kv_indptr",
+                                "kv_indices", "kv_last_page_len", "k_scale", "v_scale",
+                                "sm_scale"]  # fmt: skip
+    for name in ("k_cache", "v_cache"):
+        assert fp8.inputs[name].dtype.value == "float8_e4m3fn"
+        assert fp8.inputs[name].shape == ps64.inputs[name].shape
+    assert fp8.outputs == ps64.outputs and fp8.axes == ps64.axes
+
+
+@pytest.mark.parametrize(
+    "position, bad, argument",
+    [(7, float("nan"), "k_scale"), (8, "1.0", "v_scale"), (1, "bf16 cache", "k_cache")],
+)
+def test_fp8_reference_rejects_bad_scales_and_caches(position, bad, argument):
+    inputs = make_inputs(CPU_FP8_CASES[0], "cpu")
+    if bad == "bf16 cache":
+        bad = inputs[1].to(torch.bfloat16)
+    inputs[position] = bad
+    with pytest.raises(ValueError, match=rf"^{argument}: expected"):
+        reference(PAGED_FP8)(*inputs)

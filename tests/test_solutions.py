@@ -11,11 +11,13 @@ import torch
 
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.testing import (
+    CPU_FP8_CASES,
     CPU_FUSED_CASES,
     CPU_PADDED_CASES,
     CPU_PAGED_CASES,
     CPU_RAGGED_CASES,
     CPU_SWA_CASES,
+    GPU_FP8_CASES,
     GPU_FUSED_CASES,
     GPU_PADDED_CASES,
     GPU_PAGED_CASES,
@@ -73,6 +75,13 @@ def test_ragged(solution, case):
 @pytest.mark.parametrize("solution,case", matrix(CPU_PAGED_CASES, GPU_PAGED_CASES))
 def test_paged(solution, case):
     """Shuffled and shared pages, partly filled last pages, NaN in every unused cache slot."""
+    check_against_reference(solution, case)
+
+
+@pytest.mark.parametrize("solution,case", matrix(CPU_FP8_CASES, GPU_FP8_CASES))
+def test_fp8_kv_cache(solution, case):
+    """float8_e4m3fn caches with scales that are not 1 (and near e4m3's range limit), against
+    the reference on the same dequantized K/V."""
     check_against_reference(solution, case)
 
 

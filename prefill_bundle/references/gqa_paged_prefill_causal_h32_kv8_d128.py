@@ -106,3 +106,23 @@ def run_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page
     return paged_attention(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
     )
+
+
+def run_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                   k_scale, v_scale, sm_scale):  # fmt: skip
+    """float8_e4m3fn caches with one scale per tensor: the real K is k_cache * k_scale (V alike).
+    Dequantized to fp32 first, then the same attention."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not math.isfinite(scale)
+        ):
+            raise ValueError(f"{name}: expected a finite float, got {scale!r}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"{name}: expected float8_e4m3fn, got {cache.dtype}")
+    keys, values = k_cache.float() * k_scale, v_cache.float() * v_scale
+    return paged_attention(
+        q, keys, values, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale
+    )

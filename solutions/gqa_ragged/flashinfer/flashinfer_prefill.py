@@ -7,6 +7,10 @@ sync could read: its cache is keyed on (total_q, total_kv, batch), so two batche
 totals but different lengths would share a plan. That is fine for benchmarking a workload whose
 lengths are fixed; serve ragged batches through FlashInfer's own plan()/run() instead.
 
+The FP8-cache definition plans the paged wrapper with kv_data_type float8_e4m3fn and lets
+FlashInfer pick its backend (fa3 has no 16-bit-query, FP8-cache kernel); k_scale and v_scale go
+to run().
+
 The sliding-window definition plans the same wrapper with window_left (its cache key too).
 
 The paged definitions run BatchPrefillWithPagedKVCacheWrapper the same way (causal, NHD, plan
@@ -93,15 +97,15 @@ def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output,
 
 
 def _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last_page_len, sm_scale,
-               output, lse):  # fmt: skip
+               output, lse, scales=None):  # fmt: skip
     page_size = k_cache.shape[1]
     key = ("paged", page_size, q.shape[0], kv_indices.shape[0], qo_indptr.shape[0],
-           float(sm_scale), q.dtype, q.device)  # fmt: skip
+           float(sm_scale), q.dtype, k_cache.dtype, q.device)  # fmt: skip
     wrapper = _planned.get(key)
     if wrapper is None:
-        wrapper = BatchPrefillWithPagedKVCacheWrapper(
-            _workspace(q.device), "NHD", backend=_backend(q.device)
-        )
+        # An FP8 cache under a 16-bit query has no fa3 kernel: FlashInfer picks ("auto").
+        backend = _backend(q.device) if k_cache.dtype == q.dtype else "auto"
+        wrapper = BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD", backend=backend)
         wrapper.plan(
             qo_indptr,
             kv_indptr,
@@ -123,7 +127,11 @@ def _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last_page_
     wrapper._paged_kv_indptr_buf = kv_indptr
     wrapper._paged_kv_indices_buf = kv_indices
     wrapper._paged_kv_last_page_len_buf = last_page_len
-    wrapper.run(q, (k_cache, v_cache), out=output, lse=lse, return_lse=True)
+    k_scale, v_scale = scales or (None, None)
+    result = wrapper.run(q, (k_cache, v_cache), k_scale=k_scale, v_scale=v_scale, out=output,
+                         lse=lse, return_lse=True)  # fmt: skip
+    if result[0] is not output:  # v_scale is applied out of place: an extra pass, then a copy
+        output.copy_(result[0])
 
 
 def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -142,3 +150,11 @@ def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scal
         _ones[batch, q.device] = torch.ones(batch, dtype=torch.int32, device=q.device)
     _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, _ones[batch, q.device],
                sm_scale, output, lse)  # fmt: skip
+
+
+def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                         k_scale, v_scale, sm_scale, output, lse):  # fmt: skip
+    """FP8 (e4m3) caches: FlashInfer folds k_scale into the softmax scale and multiplies the
+    output by v_scale after its kernel."""
+    _run_paged(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+               output, lse, (float(k_scale), float(v_scale)))  # fmt: skip

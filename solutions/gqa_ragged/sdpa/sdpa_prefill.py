@@ -101,6 +101,8 @@ def _gather_paged(cache, kv_indptr, kv_indices, last_page_len):
     seq = torch.searchsorted(token_indptr, token, right=True) - 1
     within = token - token_indptr[seq]
     page = kv_indices[kv_indptr[seq] + within // page_size].long()
+    if cache.element_size() == 1:  # FP8: gathered as bytes (indexing has no float8 kernels)
+        return cache.view(torch.uint8)[page, within % page_size].view(cache.dtype), token_indptr
     return cache[page, within % page_size], token_indptr
 
 
@@ -108,6 +110,15 @@ def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_las
                    sm_scale):  # fmt: skip
     k, kv_tokens = _gather_paged(k_cache, kv_indptr, kv_indices, kv_last_page_len)
     v, _ = _gather_paged(v_cache, kv_indptr, kv_indices, kv_last_page_len)
+    return run_ragged(q, k, v, qo_indptr, kv_tokens, sm_scale)
+
+
+def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                         k_scale, v_scale, sm_scale):  # fmt: skip
+    """Gathered, then dequantized to q's dtype (K * k_scale, V * v_scale), then the ragged path."""
+    k, kv_tokens = _gather_paged(k_cache, kv_indptr, kv_indices, kv_last_page_len)
+    v, _ = _gather_paged(v_cache, kv_indptr, kv_indices, kv_last_page_len)
+    k, v = (k.float() * k_scale).to(q.dtype), (v.float() * v_scale).to(q.dtype)
     return run_ragged(q, k, v, qo_indptr, kv_tokens, sm_scale)
 
 

@@ -77,12 +77,17 @@ def _softmax_unmasked(qk, m_i, l_i, qk_scale):
 
 @triton.jit
 def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift,
-                    CAUSAL: tl.constexpr):  # fmt: skip
+                    window_left, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):  # fmt: skip
     """The online-softmax step of a tile that some rows see only in part (the causal diagonal,
-    or keys past the sequence's end): hidden logits are -inf. Returns p, alpha, m_new, l_new."""
+    the sliding window's left edge, or keys past the sequence's end): hidden logits are -inf.
+    Returns p, alpha, m_new, l_new."""
     visible = in_seq[None, :]
     if CAUSAL:
         visible = visible & (key_pos[None, :] <= query_pos[:, None] + causal_shift)
+    if WINDOW:  # (causal_shift - window_left cannot overflow: the host keeps window_left < kv)
+        visible = visible & (
+            key_pos[None, :] >= (query_pos + (causal_shift - window_left))[:, None]
+        )
     logits = tl.where(visible, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
     # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2 gives 0
@@ -91,6 +96,18 @@ def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_s
     p = tl.math.exp2(logits - m_shift[:, None])
     alpha = tl.math.exp2(m_i - m_shift)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def band_start(first_pos, last_pos, window_left, kv_full_end, BLOCK_N: tl.constexpr):
+    """The left edge of the sliding window of query positions [first_pos, last_pos] (position p
+    sees the keys [p - window_left, p]), in BLOCK_N tiles: (kv_lo, kv_band_full), the first
+    tile that any of them sees, and the first from which on all of them see every key of every
+    tile (at most kv_full_end, where the causal diagonal's tiles begin). The tiles before
+    kv_lo are never visited; [kv_lo, kv_band_full) are the band's masked left edge."""
+    kv_lo = tl.maximum(first_pos - window_left, 0) // BLOCK_N * BLOCK_N
+    kv_band_full = tl.cdiv(tl.maximum(last_pos - window_left, 0), BLOCK_N) * BLOCK_N
+    return kv_lo, tl.maximum(tl.minimum(kv_band_full, kv_full_end), kv_lo)
 
 
 @triton.jit
@@ -115,6 +132,7 @@ def _attend_kv_tiles(
     kv_hi,
     kv_len,
     causal_shift,
+    window_left,
     qk_scale,
     pages,
     num_pages,
@@ -126,6 +144,7 @@ def _attend_kv_tiles(
     K_PAGE_STRIDE: tl.constexpr,
     V_PAGE_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -164,7 +183,17 @@ def _attend_kv_tiles(
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
-                qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift, CAUSAL
+                qk,
+                m_i,
+                l_i,
+                qk_scale,
+                key_pos,
+                in_seq,
+                query_pos,
+                causal_shift,
+                window_left,
+                CAUSAL,
+                WINDOW,
             )
         else:
             p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
@@ -195,6 +224,7 @@ def _attend_kv_tiles_paired(
     kv_hi,
     kv_len,
     causal_shift,
+    window_left,
     qk_scale,
     pages,
     num_pages,
@@ -206,6 +236,7 @@ def _attend_kv_tiles_paired(
     K_PAGE_STRIDE: tl.constexpr,
     V_PAGE_STRIDE: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -254,7 +285,17 @@ def _attend_kv_tiles_paired(
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
             p_a, alpha_a, m_a, l_a = _softmax_masked(
-                qk_a, m_a, l_a, qk_scale, key_pos, in_seq, query_pos_a, causal_shift, CAUSAL
+                qk_a,
+                m_a,
+                l_a,
+                qk_scale,
+                key_pos,
+                in_seq,
+                query_pos_a,
+                causal_shift,
+                window_left,
+                CAUSAL,
+                WINDOW,
             )
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
@@ -265,7 +306,17 @@ def _attend_kv_tiles_paired(
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(
-                qk_b, m_b, l_b, qk_scale, key_pos, in_seq, query_pos_b, causal_shift, CAUSAL
+                qk_b,
+                m_b,
+                l_b,
+                qk_scale,
+                key_pos,
+                in_seq,
+                query_pos_b,
+                causal_shift,
+                window_left,
+                CAUSAL,
+                WINDOW,
             )
         else:
             p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
@@ -331,7 +382,7 @@ def _store_rows(
         tl.store(lse + (row0 + row_token) * NUM_HEADS + row_head, row_lse, mask=row_in_seq)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv", "num_pages"])
+@triton.jit(do_not_specialize=["num_seqs", "seq_q", "seq_kv", "num_pages", "window_left"])
 def gqa_prefill_fwd(
     q,  # [tokens, NUM_HEADS, HEAD_DIM], tokens Q_TOKEN_STRIDE apart (a padded batch flattened)
     k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], tokens K_TOKEN_STRIDE apart; v likewise
@@ -347,6 +398,7 @@ def gqa_prefill_fwd(
     seq_kv,  # (paged: the length of kv_indices)
     num_pages,  # paged only (else None): pages in the caches
     qk_scale,  # sm_scale * log2(e)
+    window_left,  # WINDOW only (else None): a query sees the keys [p - window_left, p]
     Q_TOKEN_STRIDE: tl.constexpr,  # elements between consecutive tokens (fused QKV: 6144)
     K_TOKEN_STRIDE: tl.constexpr,  # (paged: inside a page, NUM_KV_HEADS * HEAD_DIM)
     V_TOKEN_STRIDE: tl.constexpr,
@@ -361,6 +413,7 @@ def gqa_prefill_fwd(
     BLOCK_N: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,  # row blocks per tile: 1, or 2 paired (_attend_kv_tiles_paired)
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,  # the sliding window: only the key tiles that meet the band are read
     RAGGED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
@@ -462,6 +515,15 @@ def gqa_prefill_fwd(
         poison_from = tl.minimum(poison_from, bad_key)
         kv_end = tl.minimum(kv_end, bad_key)
         kv_full_end = tl.minimum(kv_full_end, bad_key // BLOCK_N * BLOCK_N)
+    # The sliding window's left edge: keys below kv_lo are hidden from every row of the tile
+    # (never loaded), keys [kv_lo, kv_band_full) from some (masked). Without a window both are 0.
+    kv_lo = 0
+    kv_band_full = 0
+    if WINDOW:
+        tl.static_assert(CAUSAL and PAGE_SIZE == 0, "sliding window: causal contiguous K/V only")
+        tile_last_token = tl.minimum(first_token + TOKENS_PER_TILE, q_len) - 1
+        kv_lo, kv_band_full = band_start(first_token + causal_shift, tile_last_token + causal_shift,
+                                         window_left, kv_full_end, BLOCK_N)  # fmt: skip
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -491,17 +553,28 @@ def gqa_prefill_fwd(
         # can get (255, spilling otherwise).
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, qk_scale,
+            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, window_left, qk_scale,
             pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
             V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
-            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=True, INTERPRETED=INTERPRETED,
+            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True,
+            INTERPRETED=INTERPRETED,
         )  # fmt: skip
+        if WINDOW:  # the band's left edge, masked, before the unmasked loop too
+            acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
+                acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
+                query_pos_b, kv_lo, kv_band_full, kv_len, causal_shift, window_left, qk_scale,
+                pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+                K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
+                K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL,
+                WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,
+            )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = _attend_kv_tiles_paired(
             acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, 0, kv_full_end, kv_len, causal_shift, qk_scale,
+            query_pos_b, kv_band_full, kv_full_end, kv_len, causal_shift, window_left, qk_scale,
             pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
             V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
-            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=False, INTERPRETED=INTERPRETED,
+            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=False,
+            INTERPRETED=INTERPRETED,
         )  # fmt: skip
         if PAGE_SIZE > 0:
             acc_b, m_b, l_b = poison_rows(acc_b, m_b, l_b, query_pos_b, causal_shift, poison_from)
@@ -512,19 +585,27 @@ def gqa_prefill_fwd(
             WRITE_LSE=WRITE_LSE, INTERPRETED=INTERPRETED,
         )  # fmt: skip
     else:
+        if WINDOW:  # the band's left edge, masked
+            acc, m_i, l_i = _attend_kv_tiles(
+                acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_lo, kv_band_full, kv_len,
+                causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
+                PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
+                CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,
+            )  # fmt: skip
         acc, m_i, l_i = _attend_kv_tiles(
-            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, 0, kv_full_end, kv_len, causal_shift,
-            qk_scale, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
-            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
-            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=False,
-            INTERPRETED=INTERPRETED,
+            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_band_full, kv_full_end, kv_len,
+            causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+            HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
+            PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
+            CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = _attend_kv_tiles(
             acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
-            causal_shift, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
-            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
-            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, MASKED=True,
-            INTERPRETED=INTERPRETED,
+            causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+            HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
+            PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
+            CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,
         )  # fmt: skip
     if PAGE_SIZE > 0:
         acc, m_i, l_i = poison_rows(acc, m_i, l_i, query_pos, causal_shift, poison_from)

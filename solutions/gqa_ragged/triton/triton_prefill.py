@@ -1,5 +1,6 @@
-"""Triton GQA prefill attention: the entry points of every definition (padded, ragged, paged with
-page size 1 and 64), their argument checks and launch plans. The kernel is in attention_kernel.py.
+"""Triton GQA prefill attention: the entry points of every definition (padded, ragged, ragged with
+a sliding window, paged with page size 1 and 64), their argument checks and launch plans. The
+kernel is in attention_kernel.py.
 
 flashinfer-bench times the whole call, so run_*() only builds a key from shapes, strides and
 dtypes, looks up the launch plan cached under it (grid and block sizes, never data pointers or
@@ -37,6 +38,7 @@ from .arguments import (
     check_placement,
     check_ragged_shapes,
     check_sm_scale,
+    check_window_left,
     token_stride,
 )
 from .attention_kernel import gqa_prefill_fwd
@@ -50,6 +52,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
+_window_plans = PlanCache()  # the ragged plans with WINDOW on
 _paged_plans = {1: PlanCache(), 64: PlanCache()}  # by page size
 # The kernel's parameters by kind, in signature order: a compiled kernel takes them all
 # positionally. launch_* pass the run-time ones in _RUNTIME_ARGS order (a tuple costs the host
@@ -57,8 +60,8 @@ _paged_plans = {1: PlanCache(), 64: PlanCache()}  # by page size
 _PARAMETERS = inspect.signature(gqa_prefill_fwd.fn).parameters.values()
 _CONSTEXPRS = tuple(p.name for p in _PARAMETERS if p.annotation is tl.constexpr)
 _RUNTIME_ARGS = ("q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr", "kv_indices",
-                 "kv_last_page_len", "num_seqs", "seq_q", "seq_kv", "num_pages",
-                 "qk_scale")  # fmt: skip
+                 "kv_last_page_len", "num_seqs", "seq_q", "seq_kv", "num_pages", "qk_scale",
+                 "window_left")  # fmt: skip
 # Padded and ragged batches read K/V contiguous (the paged arguments are None).
 CONTIGUOUS_KV = dict(PAGE_SIZE=0, K_PAGE_STRIDE=0, V_PAGE_STRIDE=0)
 if _RUNTIME_ARGS != tuple(p.name for p in _PARAMETERS if p.annotation is not tl.constexpr):
@@ -144,14 +147,18 @@ def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     )
     meta.setdefault("ROW_BLOCKS", 1)
     grid = (batch * triton.cdiv(seq_q, _tokens_per_tile(meta)), NUM_HEADS // meta["HEADS_PER_TILE"])
-    meta.update(CAUSAL=causal, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
+    meta.update(CAUSAL=causal, WINDOW=False, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     return grid, meta, batch, seq_q, seq_kv, {}
 
 
-def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tuple:
+def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window=False) -> tuple:
     """Check shapes, dtypes and strides (once per key) and plan the launch. indptr values stay
-    unread on the host: the kernel checks them (see ragged_batch.py)."""
+    unread on the host: the kernel checks them (see ragged_batch.py). window: the kernel with
+    the sliding window (window_left a run-time argument). Its grid and tiles are the causal
+    plan's: a window changes how many key tiles a program reads, not how many programs there
+    are, and the heaviest-first order (last tiles of a sequence first) still holds, a query's
+    band min(p + 1, window_left + 1) never shrinking along the sequence."""
     batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
     check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
@@ -164,7 +171,7 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None) -> tup
     meta.setdefault("ROW_BLOCKS", 1)
     # total_q // T + batch slots cover every sequence's tiles (see find_sequence).
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
-    meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
+    meta.update(CAUSAL=True, WINDOW=window, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     return grid, meta, batch, total_q, total_kv, {}
 
@@ -186,7 +193,7 @@ def _plan_paged(page_size, tensors, config=None) -> tuple:
     )
     meta.setdefault("ROW_BLOCKS", 1)
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
-    meta.update(CAUSAL=True, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
+    meta.update(CAUSAL=True, WINDOW=False, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     # Tokens are dense within a page (the layout check): only the page strides vary.
     meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
                 V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,
@@ -230,33 +237,62 @@ def launch_padded(plan, q, k, v, out):
     if grid[0] == 0:
         return  # no query row
     args = (q, k, v, out, None, None, None, None, None, batch, seq_q, seq_kv, None,
-            PADDED_QK_SCALE)  # fmt: skip
+            PADDED_QK_SCALE, None)  # fmt: skip
     _launch(grid, meta, runners, args)
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     sm_scale = check_sm_scale(sm_scale)
+    tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
+    plan = _checked_ragged_plan(_ragged_plans, False, tensors)
+    if sm_scale <= 0:
+        q, sm_scale = _positive_scale(q, sm_scale)
+    launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+
+
+def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse):
+    """The ragged causal definition with FlashInfer's sliding window: the query at bottom-right
+    position p = i + kv_len - q_len sees the keys [p - window_left, p]; -1: no window.
+
+    A window of at least total_kv keys (the longest any sequence can have) hides no key: it
+    runs the ragged kernel, as -1 does. So the window kernel only ever gets window_left <
+    total_kv, and its band arithmetic (p - window_left) stays far inside int32."""
+    window_left = check_window_left(window_left)
+    sm_scale = check_sm_scale(sm_scale)
+    tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
+    if window_left < 0:
+        plan, window_left = _checked_ragged_plan(_ragged_plans, False, tensors), None
+    else:
+        plan = _checked_ragged_plan(_window_plans, True, tensors)
+        if window_left >= plan[4]:  # total_kv
+            plan, window_left = _checked_ragged_plan(_ragged_plans, False, tensors), None
+    if sm_scale <= 0:
+        q, sm_scale = _positive_scale(q, sm_scale)
+    launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
+
+
+def _checked_ragged_plan(plans, window, tensors) -> tuple:
+    """The launch plan of a ragged call (shapes, dtypes and strides checked once per key, the
+    placement on every call); window: run_ragged_swa's kernel."""
+    q, k, v, qo_indptr, kv_indptr, output, lse = tensors
     try:
         key = (
             q.shape, k.shape, q.stride(), k.stride(), v.stride(), qo_indptr.shape, q.dtype,
             k.dtype, v.dtype, qo_indptr.dtype, kv_indptr.dtype, output.dtype, lse.dtype,
             v.shape, kv_indptr.shape, output.shape, lse.shape,
         )  # fmt: skip
-        plan = _ragged_plans.lookup(key)
+        plan = plans.lookup(key)
     except AttributeError:  # not a tensor
         key = plan = None
-    names, tensors = RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse)
     if plan is None:
-        plan = _plan_ragged(*tensors)
+        plan = _plan_ragged(*tensors, window=window)
         if key is not None:
-            _ragged_plans.store(key, plan)
+            plans.store(key, plan)
     else:
-        check_placement(names, tensors, INTERPRET)
+        check_placement(RAGGED_NAMES, tensors, INTERPRET)
     if VALIDATE:
         check_indptr_values(qo_indptr, kv_indptr, q.shape[0], k.shape[0])
-    if sm_scale <= 0:
-        q, sm_scale = _positive_scale(q, sm_scale)
-    launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+    return plan
 
 
 def _positive_scale(q, sm_scale) -> tuple:
@@ -270,12 +306,13 @@ def _positive_scale(q, sm_scale) -> tuple:
     return same_strides.zero_(), 1.0
 
 
-def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left=None):
+    """window_left: an int in [0, total_kv) for a window plan, None for any other."""
     grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write
     args = (q, k, v, output, lse, qo_indptr, kv_indptr, None, None, batch, total_q, total_kv,
-            None, sm_scale * LOG2_E)  # fmt: skip
+            None, sm_scale * LOG2_E, window_left)  # fmt: skip
     _launch(grid, meta, runners, args)
 
 
@@ -328,5 +365,5 @@ def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv
     if total_q == 0:
         return  # no query row: nothing to write
     args = (q, k_cache, v_cache, output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-            batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E)  # fmt: skip
+            batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, None)  # fmt: skip
     _launch(grid, meta, runners, args)

@@ -24,7 +24,9 @@ from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
-__all__ = ["HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config", "compile_variant"]
+__all__ = [
+    "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config", "compile_variant"
+]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}  # ex2.approx for exp2
@@ -34,6 +36,8 @@ VARIANTS = [(dtype, causal) for dtype in ("float16", "bfloat16") for causal in (
 # (dtype, page size) of the paged kernels (causal): run_paged_ps64 and run_paged_ps1.
 PAGE_SIZES = (64, 1)
 PAGED_VARIANTS = [(dtype, size) for dtype in ("float16", "bfloat16") for size in PAGE_SIZES]
+# dtype of the sliding-window kernels (causal, ragged, window_left an argument): run_ragged_swa.
+WINDOW_VARIANTS = ["float16", "bfloat16"]
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
@@ -62,6 +66,7 @@ def gqa_prefill(
     persistent: bool = False,
     num_sms: int = DEFAULT_NUM_SMS,
     page_size: int = None,
+    window: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -80,6 +85,10 @@ def gqa_prefill(
     in their place (gqa_prefill_kv.paged_kv); a row that sees a key on a page id outside the
     cache gets NaN (so does every row of its tile).
 
+    window (causal, ragged K/V): a sliding window, the kernel's argument window_left (int32,
+    after kv_rows) in [0, kv_rows): query i also needs j >= i + seq_kv - seq_q - window_left.
+    Each item visits only the key tiles of its band (gqa_prefill_steps.build_steps).
+
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
 
@@ -93,7 +102,7 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
-    steps = build_steps(dtype, causal, block_M, block_N, page_size)
+    steps = build_steps(dtype, causal, block_M, block_N, page_size, window)
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
@@ -108,10 +117,11 @@ def compile_variant(
     target=SM90A,
     num_sms: int = DEFAULT_NUM_SMS,
     page_size: int = None,
+    window: bool = False,
     **config,
 ):
-    """Lower and compile one variant (K/V paged with page_size, else ragged); config defaults
-    to block_config(dtype, causal)."""
+    """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
+    sliding-window kernel); config defaults to block_config(dtype, causal)."""
     config = config or block_config(dtype, causal)
-    func = gqa_prefill(dtype, causal, num_sms=num_sms, page_size=page_size, **config)
+    func = gqa_prefill(dtype, causal, num_sms=num_sms, page_size=page_size, window=window, **config)
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)

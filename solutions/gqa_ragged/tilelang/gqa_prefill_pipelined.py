@@ -33,7 +33,7 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
     )  # fmt: skip
 
     @T.macro
-    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
+    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
         # One flat grid axis (no 65535 limit), heads fastest: the 32 heads of a query tile run
         # side by side, 4 of them on each KV tile they load (L2).
         with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
@@ -64,7 +64,7 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             # Every thread runs the malformed-batch tests whole (this program is the CPU tests'
             # stand-in; gqa_prefill_ws shares them out).
             CheckBatch(indptr, 0, 1, batch_ok)
-            Locate(block, qo_indptr, kv, seq, tile)
+            Locate(block, qo_indptr, kv, seq, tile, window_left)
             if batch_ok[0] == 0:
                 CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
                 if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
@@ -101,7 +101,7 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
                 for k in T.Pipelined(loop_range, **schedule):
                     MMA0(
                         kv, Q_shared, K_shared, acc_s, k, kv_start, kv_head, seq_kv, full_end,
-                        q_pos0, scratch,
+                        steps.position(q_pos0, window_left), scratch,
                     )  # fmt: skip
                     Softmax(acc_s, *stats, scale_log2)
                     T.copy(acc_s, acc_s_cast)
@@ -113,4 +113,4 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
                 q_tile, seq_q, head, kv_source.item_poisoned(scratch, (0,)),
             )  # fmt: skip
 
-    return kv_source.kernel(Body)
+    return steps.kernel(Body)

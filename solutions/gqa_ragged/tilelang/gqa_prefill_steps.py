@@ -50,14 +50,28 @@ ITEM_FIELDS = 8
 
 
 def build_steps(
-    dtype: str, causal: bool, block_M: int, block_N: int, page_size: int = None
+    dtype: str,
+    causal: bool,
+    block_M: int,
+    block_N: int,
+    page_size: int = None,
+    window: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
     a paged cache (page_size 64 or 1): kv, the K/V source (gqa_prefill_kv), gives the kernel's
     arguments and the K/V loads. See gqa_prefill_kernel.gqa_prefill for the arguments. Each
     program unpacks what it uses under the same names.
+
+    window (causal, ragged): a sliding window, the kernel's scalar argument window_left in
+    [0, kv_rows) (the entry routes -1 and longer windows to the causal kernel). Row i of a tile
+    sees key j iff q_pos0 + i - window_left <= j <= q_pos0 + i (and j < seq_kv). An item skips
+    the key tiles left of its band (SkipToBand: its keys then start at the band's first tile, so
+    the loops, loads, bounds and schedule see the band alone) and masks only the band's edges:
+    the tiles below left_end (some row's band starts inside or past them) and the diagonal
+    ones, as causal; the tiles between run unmasked.
     """
+    assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
     total_q = T.dynamic("total_q")
     len_indptr = T.dynamic("len_indptr")
     q_stride = T.dynamic("q_stride")  # in elements
@@ -94,9 +108,21 @@ def build_steps(
         Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
 
     @T.macro
-    def Locate(item, qo_indptr, kv, seq, tile):
+    def SkipToBand(tile, window_left):
+        """Window: the item's keys start at the key tile that holds its first row's first
+        visible key (no row of the tile sees a key before it): KV_START and SEQ_KV move by
+        whole key tiles, so q_pos0 (bounds) moves with them and the masks hold as they are."""
+        skip = (
+            T.max(tile[Q_TILE] + tile[SEQ_KV] - tile[SEQ_Q] - window_left, 0) // block_N * block_N
+        )
+        tile[KV_START] = tile[KV_START] + skip
+        tile[SEQ_KV] = tile[SEQ_KV] - skip
+
+    @T.macro
+    def Locate(item, qo_indptr, kv, seq, tile, window_left=None):
         """tile[Q_START:TILE_FIELDS] = the fields of work item `item` (Q_START ...).
-        kv: the K/V source's arguments; seq: scratch for the search over indptr."""
+        kv: the K/V source's arguments; seq: scratch for the search over indptr; window_left:
+        the window variant's argument (its item covers the band's key tiles only)."""
         slot = slot_of(item)
         Find(slot, qo_indptr, seq)
         tile[Q_START] = qo_indptr[seq[0]]
@@ -106,6 +132,8 @@ def build_steps(
         # the tile's first query row
         tile[Q_TILE] = (slot - seq[0] - tile[Q_START] // block_M) * block_M
         tile[HEAD] = item % NUM_HEADS
+        if window:
+            SkipToBand(tile, window_left)
 
     # Malformed batches (indptr values that are not a partition: see the module docstring).
     # indptr = (qo_indptr, kv_indptr, kv_rows, kv), kv_rows the entries kv_indptr runs to and kv
@@ -208,14 +236,30 @@ def build_steps(
             full_end = seq_kv
         return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
 
+    def position(q_pos0, window_left):
+        """What the masks take for the rows' visible keys (pos): q_pos0, or with a window
+        (q_pos0, q_pos0 - window_left: the first key row 0 sees)."""
+        return (q_pos0, q_pos0 - window_left) if window else q_pos0
+
+    def left_end(pos):
+        """Window: the tiles k < left_end(pos) hold a key left of some row's band (its left
+        edge), the last row's first key q_pos0 + block_M - 1 - window_left past their start."""
+        return T.ceildiv(T.max(pos[1] + block_M - 1, 0), block_N)
+
     @T.macro
     def MaskTile(acc_s, k, seq_kv, q_pos0):
-        """The keys a row of KV tile k may not see set to -inf."""
+        """The keys a row of KV tile k may not see set to -inf (q_pos0: position's pos)."""
         # Masking after the GEMM, not by pre-filling the accumulator, overwrites whatever the
         # rows past the sequence's keys gave (the next sequence's keys, TMA's zero fill).
         for i, j in T.Parallel(block_M, block_N):
             key = k * block_N + j
-            if causal:
+            if window:
+                acc_s[i, j] = T.if_then_else(
+                    (key < seq_kv) & (key <= q_pos0[0] + i) & (key >= q_pos0[1] + i),
+                    acc_s[i, j],
+                    neg_inf,
+                )
+            elif causal:
                 acc_s[i, j] = T.if_then_else(
                     (key < seq_kv) & (key <= q_pos0 + i), acc_s[i, j], neg_inf
                 )
@@ -224,9 +268,13 @@ def build_steps(
 
     @T.macro
     def Mask(acc_s, k, seq_kv, full_end, q_pos0):
-        """MaskTile, for the tiles that reach past full_end only."""
-        if (k + 1) * block_N > full_end:
-            MaskTile(acc_s, k, seq_kv, q_pos0)
+        """MaskTile, for the tiles that reach past full_end only (window: or below left_end)."""
+        if window:
+            if ((k + 1) * block_N > full_end) | (k < left_end(q_pos0)):
+                MaskTile(acc_s, k, seq_kv, q_pos0)
+        else:
+            if (k + 1) * block_N > full_end:
+                MaskTile(acc_s, k, seq_kv, q_pos0)
 
     @T.macro
     def MMA0(
@@ -314,8 +362,36 @@ def build_steps(
             if q_tile + i < seq_q:
                 LSE[q_start + q_tile + i, head] = lse[i]
 
+    def kernel(body):
+        """The prim_func: the K/V source's; a window variant's, the ragged one's arguments with
+        window_left before sm_scale (its body takes window_left last)."""
+        if not window:
+            return kv_source.kernel(body)
+        total_kv = T.dynamic("total_kv")
+        k_stride, v_stride = T.dynamic("k_stride"), T.dynamic("v_stride")  # in elements
+
+        @T.prim_func
+        def main(
+            Q: token_rows(total_q, NUM_HEADS, q_stride, dtype),
+            K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
+            V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
+            qo_indptr: T.Tensor([len_indptr], T.int32),
+            kv_indptr: T.Tensor([len_indptr], T.int32),
+            kv_rows: T.int32,
+            window_left: T.int32,
+            sm_scale: T.float32,
+            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
+            LSE: T.Tensor([total_q, NUM_HEADS], accum_dtype),
+            Scheduler: T.Tensor([2], T.int32),
+        ):
+            kv = (K, V, kv_indptr, kv_rows)
+            body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left)
+
+        return main
+
     return SimpleNamespace(
-        dtype=dtype, causal=causal, block_M=block_M, block_N=block_N, kv=kv_source,
+        dtype=dtype, causal=causal, window=window, block_M=block_M, block_N=block_N,
+        kv=kv_source, kernel=kernel, position=position, left_end=left_end,
         total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
         Locate=Locate,

@@ -80,6 +80,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     bounds, Mask, MaskTile, Softmax, Rescale, Epilogue = (
         steps.bounds, steps.Mask, steps.MaskTile, steps.Softmax, steps.Rescale, steps.Epilogue
     )  # fmt: skip
+    window, position, left_end = steps.window, steps.position, steps.left_end
     consumer_threads = consumer_threads_of(block_M)
     num_consumers = consumer_threads // 128
     threads = consumer_threads + 128  # the producer warpgroup
@@ -219,8 +220,16 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         bufs = (
             Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
         )  # fmt: skip
-        for k in T.serial(1, mask_from):
-            Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+        if window:
+            # The band's left edge first (masked), then its interior (unmasked).
+            interior = T.max(T.min(left_end(q_pos0), mask_from), 1)
+            for k in T.serial(1, interior):
+                Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+            for k in T.serial(interior, mask_from):
+                Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+        else:
+            for k in T.serial(1, mask_from):
+                Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
         for k in T.serial(mask_from, loop_range):
             Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
         T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
@@ -255,7 +264,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         (num_items: the block is done)."""
         (
             tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked, batch_ok,
-            qo_indptr, kv, Scheduler, block, tx,
+            qo_indptr, kv, Scheduler, block, tx, window_left,
         ) = args  # fmt: skip
         T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
         if persistent:
@@ -270,7 +279,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
         tile[POISON_SLOT] = -1
         if item < num_items:
-            Locate(item, qo_indptr, kv, seq, tile)
+            Locate(item, qo_indptr, kv, seq, tile, window_left)
             # Completed once, so a wait past the first item returns at once.
             T.mbarrier_wait_parity(batch_checked[0], 0)
             if batch_ok[0] == 0:
@@ -305,7 +314,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                 Scheduler[1] = 0
 
     @T.macro
-    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
+    def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
         with T.Kernel(grid, threads=threads) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
@@ -372,7 +381,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                         kv_source.InitScratch(scratch)
                 args = (
                     tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked,
-                    batch_ok, qo_indptr, kv, Scheduler, block, tx,
+                    batch_ok, qo_indptr, kv, Scheduler, block, tx, window_left,
                 )  # fmt: skip
                 load = (
                     (Q, kv), (Q_shared, K_shared, V_shared), (q_full, q_empty),
@@ -459,7 +468,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                     q_pos0, full_end, loop_range = bounds(tile)
                     if tile[HAS_ITEM] == 1 and q_tile < seq_q:
                         ConsumeItem(
-                            q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range,
+                            q_start, seq_q, seq_kv, q_tile, head, position(q_pos0, window_left),
+                            full_end, loop_range,
                             (Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o),
                             stats, lse,
                             (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier),
@@ -467,4 +477,4 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                             kv_source.item_poisoned(scratch, items_done),
                         )  # fmt: skip
 
-    return kv_source.kernel(Body)
+    return steps.kernel(Body)

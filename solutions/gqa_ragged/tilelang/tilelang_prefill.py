@@ -1,10 +1,11 @@
 """TileLang GQA prefill attention: the entry points flashinfer-bench calls.
 
 run_padded(q, k, v, causal, out), run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output,
-lse), run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-sm_scale, output, lse) and run_paged_ps1 (the same without kv_last_page_len) check their
+lse), run_ragged_swa (the same with window_left before sm_scale), run_paged_ps64(q, k_cache,
+v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse) and
+run_paged_ps1 (the same without kv_last_page_len) check their
 arguments against the bundle's shared contract (arguments.py: rules and messages), then launch
-one kernel from gqa_prefill_kernel.py. A variant (dtype, causal) is
+one kernel from gqa_prefill_kernel.py. A variant (dtype, causal, page size, window) is
 compiled for sm_90a on its first use and cached; lengths and token strides are symbolic in it, so
 no new shape or layout ever recompiles. q, k and v may be token-strided (slices of a fused QKV
 projection): the kernel reads them in place. The padded batch is viewed as a ragged one; its
@@ -36,17 +37,19 @@ from .arguments import (
     check_placement,
     check_ragged_shapes,
     check_sm_scale,
+    check_window_left,
     token_stride,
 )
 from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, PAGE_SIZES, compile_variant
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_kernels = {}  # (dtype, causal, SM count, page size or None) -> compiled kernel
+_kernels = {}  # (dtype, causal, SM count, page size or None, window) -> compiled kernel
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
+_swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
 # Per page size, keyed as ragged: (kernel, caches' stand-in, kv_indices' stand-in, num_pages).
 _paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
@@ -64,9 +67,11 @@ def _scheduler(device: int):
     return counters
 
 
-def _kernel(dtype: torch.dtype, causal: bool, device: int, page_size: int = None):
+def _kernel(
+    dtype: torch.dtype, causal: bool, device: int, page_size: int = None, window: bool = False
+):
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    kernel = _kernels.get((dtype, causal, num_sms, page_size))
+    kernel = _kernels.get((dtype, causal, num_sms, page_size, window))
     if kernel is None:
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):
@@ -75,8 +80,10 @@ def _kernel(dtype: torch.dtype, causal: bool, device: int, page_size: int = None
                 f"sm_{capability[0]}{capability[1]}"
             )
         # The persistent grid takes one block per SM of the device.
-        kernel = compile_variant(_DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size)
-        _kernels[(dtype, causal, num_sms, page_size)] = kernel
+        kernel = compile_variant(
+            _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window
+        )
+        _kernels[(dtype, causal, num_sms, page_size, window)] = kernel
     return kernel
 
 
@@ -138,25 +145,47 @@ def run_padded(q, k, v, causal, out):
     )
 
 
-def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
+def _plan_ragged(window: bool, q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
     """Check shapes, dtypes and layout (once per key). A batch without key rows still runs the
     kernel (its rows get 0 and -inf, or NaN where the indptr values are malformed), on a 1-row
-    zero K/V: a TMA descriptor needs a row."""
+    zero K/V: a TMA descriptor needs a row. window: the sliding-window kernel."""
     tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
     _, _, total_kv = check_ragged_shapes(*tensors)
     check_layout(RAGGED_NAMES, tensors)
     keyless = None
     if total_kv == 0:
         keyless = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=q.dtype, device=q.device)
-    return _kernel(q.dtype, True, q.get_device()), keyless
+    device = q.get_device()
+    if window:
+        return _kernel(q.dtype, True, device, window=True), keyless
+    return _kernel(q.dtype, True, device), keyless
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     """q [total_q, 32, 128], k/v [total_kv, 8, 128] (bfloat16 or float16), qo_indptr/kv_indptr
     int32 [batch + 1], sm_scale (finite) -> output [total_q, 32, 128] and lse [total_q, 32] float32
     (base 2), written in place. Causal, bottom-right aligned per sequence."""
+    _run_ragged(None, q, k, v, qo_indptr, kv_indptr, check_sm_scale(sm_scale), output, lse)
+
+
+def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse):
+    """run_ragged with a sliding window: query i of a sequence (position p = i + seq_kv - seq_q)
+    sees key j iff p - window_left <= j <= p; window_left -1 is no window. -1, and a window at
+    least as long as all the keys (2**31 - 1 too), run the causal kernel: no key lies further
+    left. Otherwise the window kernel visits only the key tiles of each query tile's band."""
+    window_left = check_window_left(window_left)
     sm_scale = check_sm_scale(sm_scale)
+    keys = k.shape[0] if isinstance(k, torch.Tensor) and k.dim() == 3 else None  # else: raises
+    no_window = window_left < 0 or (keys is not None and window_left >= keys)
+    _run_ragged(None if no_window else window_left, q, k, v, qo_indptr, kv_indptr, sm_scale,
+                output, lse)  # fmt: skip
+
+
+def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+    """window_left: None (causal) or the window, in [0, total_kv)."""
     tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
+    windowed = window_left is not None
+    plans = _swa_plans if windowed else _ragged_plans
     try:
         key = (
             q.shape, k.shape, v.shape, qo_indptr.shape, kv_indptr.shape, output.shape, lse.shape,
@@ -164,13 +193,13 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
             output.stride(), lse.stride(), q.dtype, k.dtype, v.dtype, qo_indptr.dtype,
             kv_indptr.dtype, output.dtype, lse.dtype, q.get_device(),
         )  # fmt: skip
-        plan = _ragged_plans.lookup(key)
+        plan = plans.lookup(key)
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
-        plan = _plan_ragged(*tensors)  # raises ValueError on a bad argument
+        plan = _plan_ragged(windowed, *tensors)  # raises ValueError on a bad argument
         if key is not None:
-            _ragged_plans.store(key, plan)
+            plans.store(key, plan)
     else:
         check_placement(RAGGED_NAMES, tensors)
     total_q, total_kv = q.shape[0], k.shape[0]
@@ -189,8 +218,9 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
         # The kernel folds the scale into exp2 after masking, which needs it positive:
         # softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives softmax(1 * 0.k); both exact.
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
+    windows = () if window_left is None else (window_left,)
     kernel(
-        q, k, v, qo_indptr, kv_indptr, total_kv, sm_scale, output, lse,
+        q, k, v, qo_indptr, kv_indptr, total_kv, *windows, sm_scale, output, lse,
         _scheduler(q.get_device()),
     )  # fmt: skip
 

@@ -14,6 +14,8 @@ from prefill_bundle import cuda_build
 
 _ENTRY = r"ptxas info\s+: Compiling entry function "
 _PAGED = re.compile(r"(gqa_prefill_paged(?:_wgmma)?_kernel)I\d+(\w+?)Li(\d+)E")
+# The sliding-window kernels (gqa_prefill_swa*_kernel<dtype>) are the ragged causal ones.
+_SWA = re.compile(r"(gqa_prefill_swa(?:_wgmma)?_kernel)I\d+(\w+?)EEv")
 # The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.
 _PAGED_NOTES = {
     ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
@@ -31,11 +33,23 @@ _PAGED_NOTES = {
 
 def resources_markdown(output: str) -> str:
     """cuda_build.resources_markdown's table of the padded and ragged kernels (whose names it
-    reads), then a row for each paged kernel (gqa_prefill_paged*_kernel<dtype, page size>)."""
+    reads), then a row for each paged kernel (gqa_prefill_paged*_kernel<dtype, page size>) and
+    each sliding-window kernel (gqa_prefill_swa*_kernel<dtype, causal window>)."""
     head, *blocks = re.split(f"({_ENTRY})", output)
     kept, paged = [head], {}
     for marker, block in zip(blocks[::2], blocks[1::2]):
-        match = _PAGED.search(block.split("'")[1])
+        name = block.split("'")[1]
+        match = _PAGED.search(name)
+        swa = _SWA.search(name)
+        if swa is not None:
+            kernel, dtype = swa.groups()
+            dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
+            causal = (cuda_build.DYNAMIC_SMEM[(kernel.replace("_swa", ""), "causal")],
+                      cuda_build.SETMAXNREG.get((kernel.replace("_swa", ""), "causal"), ""))
+            paged[f"{kernel}<{dtype}, causal window>"] = (
+                cuda_build.ptxas_report(marker + block).popitem()[1], (causal[1], causal[0])
+            )
+            continue
         if match is None:
             kept += [marker, block]
             continue

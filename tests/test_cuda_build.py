@@ -45,6 +45,8 @@ VARIANTS = (
 PAGED_VARIANTS = [
     (dtype, page_size) for dtype in ("__half", "__nv_bfloat16") for page_size in (64, 1)
 ]
+# (dtype) of every sliding-window kernel (the ragged causal kernels with the band policy).
+SWA_VARIANTS = ["__half", "__nv_bfloat16"]
 # No variant spills today; a padded non-causal kernel (at the 128-register cap of 2 CTAs per SM)
 # may spill this much (it did before its K/V loads shared one loader). More is a regression.
 MAX_SPILL_BYTES = 8
@@ -52,6 +54,8 @@ PORTABLE_KERNEL = "gqa_prefill_kernel"
 WGMMA_KERNEL = "gqa_prefill_wgmma_kernel"  # the same variants, sm_90a only (else a stub)
 PAGED_PORTABLE_KERNEL = "gqa_prefill_paged_kernel"
 PAGED_WGMMA_KERNEL = "gqa_prefill_paged_wgmma_kernel"
+SWA_PORTABLE_KERNEL = "gqa_prefill_swa_kernel"
+SWA_WGMMA_KERNEL = "gqa_prefill_swa_wgmma_kernel"
 
 
 def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
@@ -61,6 +65,10 @@ def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
 
 def paged_kernel_name(kernel: str, dtype: str, page_size: int) -> str:
     return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}Li{page_size}E"
+
+
+def swa_kernel_name(kernel: str, dtype: str) -> str:
+    return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}EEv"
 
 
 def resources_markdown(output: str) -> str:
@@ -104,8 +112,11 @@ def test_entry_compiles(compiled, arch):
 def variant_resources(report: dict, kernel: str):
     """(variant, name, ptxas resources) of each variant of kernel; each must appear once."""
     paged = kernel in (PAGED_PORTABLE_KERNEL, PAGED_WGMMA_KERNEL)
-    for variant in PAGED_VARIANTS if paged else VARIANTS:
-        name = (paged_kernel_name if paged else kernel_name)(kernel, *variant)
+    swa = kernel in (SWA_PORTABLE_KERNEL, SWA_WGMMA_KERNEL)
+    variants = [(d,) for d in SWA_VARIANTS] if swa else PAGED_VARIANTS if paged else VARIANTS
+    for variant in variants:
+        naming = swa_kernel_name if swa else paged_kernel_name if paged else kernel_name
+        name = naming(kernel, *variant)
         matches = [k for k in report if name in k]
         assert len(matches) == 1, f"{name} not among {list(report)}"
         registers, spill_stores, spill_loads, _ = report[matches[0]]
@@ -124,11 +135,10 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
         assert spill_stores <= MAX_SPILL_BYTES and spill_loads <= 2 * MAX_SPILL_BYTES, report
         if ragged or causal:
             assert spill_stores == 0, f"{name}: {spill_stores} bytes of spill stores"
-    for _, name, (registers, spill_stores, spill_loads, _) in variant_resources(
-        report, PAGED_PORTABLE_KERNEL
-    ):
-        assert registers <= 128 and spill_stores == 0 and spill_loads == 0, (name, registers)
-    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS)
+    for kernel in (PAGED_PORTABLE_KERNEL, SWA_PORTABLE_KERNEL):
+        for _, name, (registers, spill_stores, spill_loads, _) in variant_resources(report, kernel):
+            assert registers <= 128 and spill_stores == 0 and spill_loads == 0, (name, registers)
+    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS)
     assert len(report) == expected, f"unexpected kernels: {list(report)}"
 
 
@@ -137,7 +147,7 @@ def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
     returncode, output = compiled["90a"]
     assert returncode == 0, output
     report = ptxas_report(output)
-    for kernel in (WGMMA_KERNEL, PAGED_WGMMA_KERNEL):
+    for kernel in (WGMMA_KERNEL, PAGED_WGMMA_KERNEL, SWA_WGMMA_KERNEL):
         for _, name, resources in variant_resources(report, kernel):
             registers, spill_stores, spill_loads, _ = resources
             assert registers <= 255 and spill_stores == 0 and spill_loads == 0, (name, resources)
@@ -247,6 +257,34 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, build_dir):
                 assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]] and "LDGSTS" in functions[portable[0]]
+
+
+@needs_nvcc
+def test_window_kernels_are_the_causal_ones(compiled, build_dir):
+    """sm_90a: the sliding-window Hopper kernel is the ragged causal one (its HGMMAs, TMA Q and
+    K/V boxes, setmaxnreg); the portable one uses mma.sync; the sm_90 build holds a stub."""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump found")
+    assert all(returncode == 0 for returncode, _ in compiled.values())
+    for arch in ("90", "90a"):
+        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        for dtype in SWA_VARIANTS:
+            wgmma, portable = (
+                [f for f in functions if swa_kernel_name(kernel, dtype) in f]
+                for kernel in (SWA_WGMMA_KERNEL, SWA_PORTABLE_KERNEL)
+            )
+            assert len(wgmma) == 1 and len(portable) == 1, list(functions)
+            sass = functions[wgmma[0]]
+            hgmma = sass.count("HGMMA.64x128x16.F32")
+            if arch == "90a":
+                assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
+                for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
+                    assert instruction in sass, f"{wgmma[0]}: no {instruction}"
+            else:
+                assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
+            assert "HGMMA" not in functions[portable[0]]
+            assert "HMMA" in functions[portable[0]]
 
 
 # 2. The packed solutions and their argument checks -------------------------------------------
@@ -459,3 +497,70 @@ def test_a_few_messages_in_full(entry_points):
         "of 8 elements, got bfloat16 [9, 32, 128] with strides [4100, 128, 1]"
     )
     assert error_message(run_ragged, ragged_args()) == "q: expected a CUDA tensor, got one on cpu"
+
+
+# The sliding-window entry run_ragged_swa: the same module as run_ragged (one build of the
+# sources serves every definition), so its checks are tested from cuda_ragged's build.
+
+
+@pytest.fixture(scope="module")
+def run_ragged_swa(entry_points):
+    import tvm_ffi
+
+    module = tvm_ffi.load_module(entry_points[1].metadata.misc["binary"])
+    return getattr(module, "run_ragged_swa")  # the exported symbol exists
+
+
+def swa_args(window_left=5, **changes):
+    args = ragged_args(**changes)
+    return args[:5] + [window_left] + args[5:]
+
+
+def python_swa_checks(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse):
+    arguments.check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
+    arguments.check_window_left(window_left)
+    arguments.check_sm_scale(sm_scale)
+    arguments.check_layout(arguments.RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse))
+
+
+WINDOW_VALUES = {
+    "minus_one": -1,
+    "zero": 0,
+    "int32_max": 2**31 - 1,
+    "minus_two": -2,
+    "int32_max_plus_one": 2**31,
+    "int64_min": -(2**63),
+    "bool": True,
+    "float": 5.0,
+    "str": "5",
+    "none": None,
+    "tensor_int64": torch.tensor(5),
+    "tensor_int32_minus_one": torch.tensor(-1, dtype=I32),
+    "tensor_uint8": torch.tensor(200, dtype=torch.uint8),
+    "tensor_int8_negative": torch.tensor(-3, dtype=torch.int8),
+    "tensor_int64_too_big": torch.tensor(2**40),
+    "tensor_float": torch.tensor(5.0),
+    "tensor_bool": torch.tensor(True),
+    "tensor_1d": torch.tensor([5]),
+}
+
+
+@pytest.mark.parametrize("case", WINDOW_VALUES)
+def test_window_left_errors_are_the_contracts(run_ragged_swa, case):
+    args = swa_args(WINDOW_VALUES[case])
+    assert error_message(run_ragged_swa, args) == error_message(python_swa_checks, args)
+
+
+@pytest.mark.parametrize("case", ["valid", "q_int", "lse_rows", "sm_scale_nan", "v_misaligned"])
+def test_swa_errors_follow_the_ragged_contract(run_ragged_swa, case):
+    """The other arguments' checks, in the contract's order around window_left's."""
+    args = swa_args(-7, **RAGGED_CASES[case])  # a bad window is reported after the shapes
+    assert error_message(run_ragged_swa, args) == error_message(python_swa_checks, args)
+    args = swa_args(3, **RAGGED_CASES[case])
+    assert error_message(run_ragged_swa, args) == error_message(python_swa_checks, args)
+
+
+def test_window_message_in_full(run_ragged_swa):
+    assert error_message(run_ragged_swa, swa_args(-2)) == (
+        "window_left: expected an int in [-1, 2**31 - 1] (-1: no window), got int -2"
+    )

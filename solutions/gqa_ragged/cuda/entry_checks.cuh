@@ -138,27 +138,66 @@ void check_paged_shapes(const Arg& q, const Arg& k_cache, const Arg& v_cache, co
                 [&] { return "[" + std::to_string(total_q) + ", 32]"; });
 }
 
+// The bytes of a 0-d tensor's value, read on the host (a sync if on a GPU).
+void read_scalar(const char* name, const TensorView& t, void* value, size_t bytes) {
+  const auto* data = static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+  if (t.device().device_type != kDLCUDA) {
+    std::memcpy(value, data, bytes);
+    return;
+  }
+  tvm::ffi::CUDADeviceGuard guard(t.device().device_id);
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, t.device().device_id));
+  cudaError_t err = cudaMemcpyAsync(value, data, bytes, cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << name << ": reading the tensor failed: "
+                                << cudaGetErrorString(err);
+  }
+}
+
 // arguments.check_causal. A tensor's value is read on the host (a sync if on a GPU).
 bool check_causal(const AnyView& causal) {
   if (auto b = causal.as<bool>()) return *b;
   if (auto t = causal.try_cast<TensorView>()) {
     if (t->ndim() == 0 && same_dtype(t->dtype(), DLDataType{kDLBool, 8, 1})) {
-      const auto* data = static_cast<const char*>(t->data_ptr()) + t->byte_offset();
-      if (t->device().device_type != kDLCUDA) return *data != 0;
-      tvm::ffi::CUDADeviceGuard guard(t->device().device_id);
-      auto stream =
-          static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, t->device().device_id));
       char value = 0;
-      cudaError_t err = cudaMemcpyAsync(&value, data, 1, cudaMemcpyDeviceToHost, stream);
-      if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-      if (err != cudaSuccess) {
-        TVM_FFI_THROW(RuntimeError) << "causal: reading the tensor failed: "
-                                    << cudaGetErrorString(err);
-      }
+      read_scalar("causal", *t, &value, 1);
       return value != 0;
     }
   }
   fail("causal", "a Python bool or a 0-d bool tensor", describe(causal));
+}
+
+// arguments.check_window_left: an int (or a 0-d integer tensor, read on the host) in
+// [-1, 2**31 - 1]; -1 means no window. A tensor's value is described as the int it holds.
+int64_t check_window_left(const AnyView& window_left) {
+  std::optional<int64_t> value = window_left.as<int64_t>();
+  std::string got;
+  if (!value) {
+    auto t = window_left.try_cast<TensorView>();
+    const DLDataType dtype = t ? t->dtype() : DLDataType{};
+    const bool integer = (dtype.code == kDLInt || dtype.code == kDLUInt) && dtype.lanes == 1 &&
+                         (dtype.bits == 8 || dtype.bits == 16 || dtype.bits == 32 ||
+                          dtype.bits == 64);
+    if (t && t->ndim() == 0 && integer) {
+      uint64_t bits = 0;  // little-endian: the value's bytes first
+      read_scalar("window_left", *t, &bits, dtype.bits / 8);
+      const int shift = 64 - dtype.bits;
+      if (dtype.code == kDLInt) {
+        value = static_cast<int64_t>(bits << shift) >> shift;  // sign-extended
+      } else if (dtype.bits < 64 || bits <= uint64_t(std::numeric_limits<int64_t>::max())) {
+        value = static_cast<int64_t>(bits);
+      } else {
+        got = "int " + std::to_string(bits);  // a uint64 past int64: out of range
+      }
+      if (value) got = "int " + std::to_string(*value);
+    }
+  }
+  if (!value || *value < -1 || *value > std::numeric_limits<int32_t>::max()) {
+    fail("window_left", "an int in [-1, 2**31 - 1] (-1: no window)",
+         got.empty() ? describe(window_left) : got);
+  }
+  return *value;
 }
 
 // arguments.check_sm_scale: a finite float or int (not bool).

@@ -182,11 +182,25 @@ int64_t hopper_schedule(HopperParams& hp, int64_t num_items, const DLDevice& dev
 }
 
 // num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
-template <typename T, bool kCausal, bool kRagged>
+// kWindow: the sliding-window kernels (ragged, causal; params.window_left in [0, kv_rows)).
+template <typename T, bool kCausal, bool kRagged, bool kWindow = false>
 void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
             const DLDevice& device) {
-  auto* portable = gqa_prefill_kernel<T, kCausal, kRagged>;
-  auto* hopper = gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+  static_assert(!kWindow || (kCausal && kRagged), "the window is the ragged causal mask's band");
+  auto* portable = [] {
+    if constexpr (kWindow) {
+      return gqa_prefill_swa_kernel<T>;
+    } else {
+      return gqa_prefill_kernel<T, kCausal, kRagged>;
+    }
+  }();
+  auto* hopper = [] {
+    if constexpr (kWindow) {
+      return gqa_prefill_swa_wgmma_kernel<T>;
+    } else {
+      return gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
+    }
+  }();
   constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
   static Path chosen[64] = {};
   const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
@@ -212,7 +226,8 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
   } else {
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
   }
-  check_launch(path, "gqa_prefill_wgmma_kernel", "gqa_prefill_kernel", num_ctas);
+  check_launch(path, kWindow ? "gqa_prefill_swa_wgmma_kernel" : "gqa_prefill_wgmma_kernel",
+               kWindow ? "gqa_prefill_swa_kernel" : "gqa_prefill_kernel", num_ctas);
 }
 
 // The paged definitions (causal): the same schedule, K/V through the page table. Page size 64

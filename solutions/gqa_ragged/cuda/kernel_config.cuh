@@ -47,6 +47,7 @@ struct Params {
   int total_q;   // ragged only: clamps for indptr values
   int total_kv;
   float scale_log2;  // sm_scale * log2(e): softmax runs in base 2 (exp2)
+  int window_left;   // sliding-window kernels only (KeyBand): 0 <= window_left < total_kv
 };
 
 // Element offset of token `row` (>= 0) of a tensor whose tokens are `stride` elements apart:

@@ -65,8 +65,11 @@ namespace gqa_prefill {
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams).
-template <typename T, bool kCausal, typename Kv>
+// The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams);
+// kWindow: the causal mask's band is a sliding window of p.window_left keys (KeyBand): the
+// producer clips each item's keys to the band (consumers and loader see the clipped item), the
+// consumers mask its left edge too.
+template <typename T, bool kCausal, typename Kv, bool kWindow = false>
 __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
                                                  const typename Kv::Args& args) {
   constexpr bool kRagged = Kv::kRagged;
@@ -75,6 +78,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
   using Smem = HopperSmem<kCausal>;
   constexpr int kBlockN = Tiles::kBlockN;
   const Params& p = hp.p;
+  const KeyBand<kWindow> band{p.window_left};
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   // 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes).
   const uint32_t raw_base = smem_addr(wgmma_smem);
@@ -143,6 +147,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
           // Every item this thread draws passes here once, spare ones included.
           if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
           if (Kv::template locate<kCausal>(p, args, tile_slot, batch_ok, w.t)) {
+            if constexpr (kWindow) band.clip(w.t);  // keys from the band's first on
             w.valid = 1;
             break;
           }
@@ -282,10 +287,11 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       fence_operands(s);
       mbarrier_arrive(k_empty + 8 * first.stage);
       if (Tiles::kOwnOutputBuffer && num_kv_tiles == 1) release_q();
+      // Only the band's first tile crosses a window's left edge (KeyBand).
       if constexpr (kFoldScale) {
-        mask_tile<kCausal>(s, t, 0, row_token, quad_lane);
+        mask_tile<kCausal>(s, t, 0, row_token, quad_lane, band);
       } else {
-        scale_and_mask<kCausal>(s, p.scale_log2, t, 0, row_token, quad_lane);
+        scale_and_mask<kCausal>(s, p.scale_log2, t, 0, row_token, quad_lane, band);
       }
       softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);  // O is 0
       pack_p(s);
@@ -392,6 +398,18 @@ __global__ void GQA_WGMMA_BOUNDS
 gqa_prefill_paged_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   hopper_attention<T, true, PagedKv<kPageSize>>(params.hp, params.pages);
+#else
+  __trap();
+#endif
+}
+
+// The sliding window (gqa_ragged_prefill_causal_swa): the ragged causal kernel over the band's
+// key tiles only; hp.p.window_left in [0, total_kv).
+template <typename T>
+__global__ void GQA_WGMMA_BOUNDS
+gqa_prefill_swa_wgmma_kernel(const __grid_constant__ HopperParams hp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  hopper_attention<T, true, ContiguousKv<true>, true>(hp, {});
 #else
   __trap();
 #endif

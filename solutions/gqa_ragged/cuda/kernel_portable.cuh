@@ -2,6 +2,8 @@
 // over either K/V source (kv_contiguous.cuh, kv_paged.cuh). Described in attention_kernel.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "epilogue.cuh"
 #include "kernel_config.cuh"
 #include "kv_contiguous.cuh"
@@ -14,8 +16,10 @@ namespace gqa_prefill {
 
 // ---- The portable kernel (mma.sync) -------------------------------------------------------
 
-// The kernel body for K/V source Kv (its Args: what the source needs beyond Params).
-template <typename T, bool kCausal, typename Kv>
+// The kernel body for K/V source Kv (its Args: what the source needs beyond Params); kWindow:
+// the causal mask's band is a sliding window of p.window_left keys (KeyBand): the tile's keys
+// are clipped to the band, whose left edge is masked too.
+template <typename T, bool kCausal, typename Kv, bool kWindow = false>
 __device__ __forceinline__ void portable_attention(const Params& p, const typename Kv::Args& args) {
   constexpr bool kRagged = Kv::kRagged;
   using Ops = ElementOps<T>;
@@ -34,6 +38,8 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
   }
   TileCoords t;
   if (!Kv::template locate<kCausal>(p, args, slot, batch_ok, t)) return;
+  const KeyBand<kWindow> band{p.window_left};
+  if constexpr (kWindow) band.clip(t);  // keys from the band's first on
   const int num_kv_tiles = (t.kv_len + kPortableBlockN - 1) / kPortableBlockN;
 
   const int warp = tid / 32;
@@ -91,8 +97,11 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
   float row_sum[2] = {0.f, 0.f};
   const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
 
-#pragma unroll 1
-  for (int n = 0; n < num_kv_tiles; ++n) {
+  // Key tile n: S = Q K^T, mask and softmax, O += P V, with the next tile's K loading. A window's
+  // left edge crosses only the band's first tile (KeyBand): that tile is peeled off the loop, so
+  // the loop's tiles carry no window mask (and the first one's O, still 0, no registers).
+  // t and num_kv_tiles by value: the loop's bounds then compile as they did without the lambda.
+  auto kv_tile = [&, t, num_kv_tiles](int n, auto left_edge) {
     const int key0 = n * kPortableBlockN;
     if (n > 0) {
       cp_async_wait_all();  // K[n] has landed ...
@@ -123,7 +132,11 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
       }
     }
 
-    scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane);
+    if constexpr (decltype(left_edge)::value) {
+      scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane, band);
+    } else {
+      scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane);
+    }
     float rescale[2];
     softmax_tile(s, row_max, row_sum, rescale, 1.f);
     rescale_rows(acc, rescale);
@@ -151,6 +164,14 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
         Ops::mma(acc[2 * dp + 1], a, b[2], b[3]);
       }
     }
+  };
+  if constexpr (kWindow) {
+    if (num_kv_tiles > 0) kv_tile(0, std::true_type{});
+#pragma unroll 1
+    for (int n = 1; n < num_kv_tiles; ++n) kv_tile(n, std::false_type{});
+  } else {
+#pragma unroll 1
+    for (int n = 0; n < num_kv_tiles; ++n) kv_tile(n, std::false_type{});
   }
 
   // A paged item that met a page id out of range (any thread's load), or whose sequence has a
@@ -174,6 +195,13 @@ __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_kernel(const Param
 template <typename T, int kPageSize>
 __global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_paged_kernel(const PagedParams pp) {
   portable_attention<T, true, PagedKv<kPageSize>>(pp.p, pp.pages);
+}
+
+// The sliding window (gqa_ragged_prefill_causal_swa): the ragged causal kernel over the band's
+// key tiles only; p.window_left in [0, total_kv).
+template <typename T>
+__global__ void __launch_bounds__(kNumThreads, 2) gqa_prefill_swa_kernel(const Params p) {
+  portable_attention<T, true, ContiguousKv<true>, true>(p, {});
 }
 
 }  // namespace gqa_prefill

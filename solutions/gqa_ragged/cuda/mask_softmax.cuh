@@ -1,33 +1,85 @@
-// Masking of logits (sequence end, bottom-right causal limit) and the online softmax in base 2,
-// on the m16n8 accumulator layout. Shared by both kernels.
+// Masking of logits (sequence end, bottom-right causal limit, the sliding window's left edge)
+// and the online softmax in base 2, on the m16n8 accumulator layout. Shared by both kernels.
 #pragma once
 
 #include "tile_schedule.cuh"
 
 namespace gqa_prefill {
 
+// The mask's key band, the sliding window's policy (gqa_ragged_prefill_causal_swa; FlashInfer's
+// window_left): a causal row at position p = token + causal_offset sees keys
+// max(0, p - window) .. p. A query tile's rows p_lo .. p_hi together see keys
+// first_key() = max(0, p_lo - window) .. kv_len - 1. clip() makes the tile see its sequence from
+// first_key() on (kv_start, seq_kv, causal_offset and kv_len shifted by it), so that the kernels'
+// key loop, unchanged from key 0 to kv_len, visits the band's tiles and no other:
+// cdiv(kv_len, kBlockN) of them after clip(), the item's weight (band_tiles). Masks apply only on
+// the band's edges: the sequence end, the causal diagonal and the one tile crossing the left edge
+// (the first: some row's first key lies past its first key, p_hi - window > key0); tiles wholly
+// inside the band are not masked. The kernels use it only where kWindow is true: the causal
+// kernels compile as they did. window: 0 <= window < total_kv (the host runs the causal kernels
+// for window_left -1 and for windows as long as every sequence's keys), so no offset below
+// leaves int32 (a visited tile has kv_len > 0, hence p_hi >= 0).
+template <bool kWindow>
+struct KeyBand {
+  int window;
+
+  // The first key a row of query tile t sees.
+  __host__ __device__ __forceinline__ int first_key(const TileCoords& t) const {
+    const int p_lo = t.tok0 + t.causal_offset;  // the tile's first row's position
+    return p_lo > window ? p_lo - window : 0;
+  }
+  // t's keys from first_key() on: the key loop starts at the band.
+  __host__ __device__ __forceinline__ void clip(TileCoords& t) const {
+    const int first = first_key(t);  // <= p_lo < kv_len where kv_len > 0, else 0
+    t.kv_start += first;
+    t.seq_kv -= first;
+    t.causal_offset -= first;
+    t.kv_len -= first;
+  }
+  // Key tiles of kBlockN keys that a clipped tile visits (the schedule's weight of its item:
+  // items go last query tile first, which is heaviest first under the band too, see
+  // tests/test_cuda_window.py).
+  template <int kBlockN>
+  __host__ __device__ __forceinline__ static int band_tiles(const TileCoords& clipped) {
+    return (clipped.kv_len + kBlockN - 1) / kBlockN;
+  }
+  // Whether keys key0 .. of a visited (clipped) tile cross the band's left edge.
+  __host__ __device__ __forceinline__ bool crosses_left_edge(const TileCoords& t,
+                                                             int key0) const {
+    return t.tok0 + t.tile_tokens - 1 + t.causal_offset - key0 > window;
+  }
+};
+
 // S (this lane's part of 16 rows x kNB * 8 keys from key0, accumulator layout): logits of
-// keys a row does not see become -inf. Only tiles crossing the end of the sequence or the
-// tile's first causal limit need it. row_token: the lane's first row's token; its second row
-// (8 rows further) is 2 tokens later.
-template <bool kCausal, int kNB>
+// keys a row does not see become -inf. Only tiles crossing the end of the sequence, the
+// tile's first causal limit or (a window) the band's left edge need it. row_token: the lane's
+// first row's token; its second row (8 rows further) is 2 tokens later.
+template <bool kCausal, int kNB, bool kWindow = false>
 __device__ __forceinline__ void mask_tile(float (&s)[kNB][4], const TileCoords& t, int key0,
-                                          int row_token, int quad_lane) {
-  const bool needs_mask = key0 + kNB * 8 > t.seq_kv ||
-                          (kCausal && key0 + kNB * 8 - 1 > t.tok0 + t.causal_offset);
+                                          int row_token, int quad_lane,
+                                          const KeyBand<kWindow>& band = {}) {
+  static_assert(kCausal || !kWindow, "the window is a causal mask's band");
+  bool needs_mask = key0 + kNB * 8 > t.seq_kv ||
+                    (kCausal && key0 + kNB * 8 - 1 > t.tok0 + t.causal_offset);
+  if constexpr (kWindow) needs_mask = needs_mask || band.crosses_left_edge(t, key0);
   if (needs_mask) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Last visible key of this row, relative to key0.
       int limit = t.seq_kv - 1 - key0;
+      int first = 0;  // first visible key of this row, relative to key0 (a window's)
       if constexpr (kCausal) {
-        limit = min(limit, row_token + h * (8 / kGroupSize) + t.causal_offset - key0);
+        const int causal_limit = row_token + h * (8 / kGroupSize) + t.causal_offset - key0;
+        limit = min(limit, causal_limit);
+        // <= 0 where the tile lies right of the band's left edge.
+        if constexpr (kWindow) first = causal_limit - band.window;
       }
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (nb * 8 + quad_lane * 2 + e > limit) s[nb][2 * h + e] = -INFINITY;
+          const int key = nb * 8 + quad_lane * 2 + e;
+          if (key > limit || (kWindow && key < first)) s[nb][2 * h + e] = -INFINITY;
         }
       }
     }
@@ -36,16 +88,16 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNB][4], const TileCoords& 
 
 // The portable kernel's logits: scaled to base 2 first, then masked, so that any finite
 // sm_scale (negative too) is safe; its softmax then runs with scale 1.
-template <bool kCausal, int kNB>
+template <bool kCausal, int kNB, bool kWindow = false>
 __device__ __forceinline__ void scale_and_mask(float (&s)[kNB][4], float scale_log2,
                                                const TileCoords& t, int key0, int row_token,
-                                               int quad_lane) {
+                                               int quad_lane, const KeyBand<kWindow>& band = {}) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) s[nb][j] *= scale_log2;
   }
-  mask_tile<kCausal>(s, t, key0, row_token, quad_lane);
+  mask_tile<kCausal>(s, t, key0, row_token, quad_lane, band);
 }
 
 // Online softmax over one tile of masked logits s, per row h (lane holds columns 2q, 2q+1 of

@@ -4,6 +4,8 @@
 //
 //   run_padded(q, k, v, causal, out)                                  mini_flash_attention_prefill
 //   run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)  gqa_ragged_prefill_causal_...
+//   run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse)
+//                                                                  gqa_ragged_prefill_causal_swa_...
 //   run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
 //                  sm_scale, output, lse)                          gqa_paged_prefill_..._ps64
 //   run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse)
@@ -12,9 +14,10 @@
 // The argument contract and its error messages are prefill_bundle/arguments.py's, reproduced
 // here byte for byte (every error a ValueError "<argument>: expected <what>, got <what>"): q, k,
 // v float16 or bfloat16 and token-strided (heads dense), outputs and indptr contiguous, all on
-// one CUDA device; causal a bool or a 0-d bool tensor, sm_scale a finite real. Arguments come in
-// as AnyView, so that a wrong type gets that message too. An sm_90a build runs the wgmma kernel,
-// an sm_90 build the portable one (see launch()). Indptr values are read on the device only
+// one CUDA device; causal a bool or a 0-d bool tensor, sm_scale a finite real, window_left an
+// int (or a 0-d integer tensor) in [-1, 2**31 - 1]. Arguments come in as AnyView, so that a
+// wrong type gets that message too. An sm_90a build runs the wgmma kernel, an sm_90 build the
+// portable one (see launch()). Indptr values are read on the device only
 // (the kernels cope with malformed ones), unless PREFILL_BUNDLE_VALIDATE=1; so are page ids and
 // last-page lengths. The caches k_cache / v_cache [num_pages, page_size, 8, 128] are dense
 // within a page, pages any multiple of 8 elements (and at least a page) apart.
@@ -61,12 +64,12 @@ void run_padded(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView causal_arg,
   }
 }
 
-void run_ragged(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_arg,
-                AnyView kv_indptr_arg, AnyView sm_scale_arg, AnyView output_arg,
-                AnyView lse_arg) {
-  const Arg q("q", q_arg), k("k", k_arg), v("v", v_arg), qo_indptr("qo_indptr", qo_indptr_arg),
-      kv_indptr("kv_indptr", kv_indptr_arg), output("output", output_arg), lse("lse", lse_arg);
+// Both ragged definitions; window_left_arg is nullptr for the one without a window.
+void run_ragged_batch(const Arg& q, const Arg& k, const Arg& v, const Arg& qo_indptr,
+                      const Arg& kv_indptr, const AnyView* window_left_arg,
+                      const AnyView& sm_scale_arg, const Arg& output, const Arg& lse) {
   check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse);
+  const int64_t window_left = window_left_arg ? check_window_left(*window_left_arg) : -1;
   const double sm_scale = check_sm_scale(sm_scale_arg);
   check_layout({&q, &k, &v, &qo_indptr, &kv_indptr, &output, &lse});
   const int64_t batch = qo_indptr->size(0) - 1, total_q = q->size(0), total_kv = k->size(0);
@@ -94,10 +97,34 @@ void run_ragged(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_a
   // total_q / 32 + batch slots cover every sequence's query tiles (see the kernel's search).
   const int64_t num_slots = total_q / kTokensPerTile + batch;
   check_grid(num_slots * kNumKvHeads);
-  // The ragged definition is always causal.
-  q->dtype().code == kDLBfloat
-      ? launch<__nv_bfloat16, true, true>(params, num_slots, total_q, total_kv, device)
-      : launch<half, true, true>(params, num_slots, total_q, total_kv, device);
+  const bool bf16 = q->dtype().code == kDLBfloat;
+  // The ragged definitions are causal. No window (-1), or one as long as every sequence's keys
+  // (no sequence has more than total_kv): the causal kernels; else the band's (KeyBand), with
+  // window_left < total_kv < 2^31.
+  if (window_left < 0 || window_left >= total_kv) {
+    bf16 ? launch<__nv_bfloat16, true, true>(params, num_slots, total_q, total_kv, device)
+         : launch<half, true, true>(params, num_slots, total_q, total_kv, device);
+  } else {
+    params.window_left = static_cast<int>(window_left);
+    bf16 ? launch<__nv_bfloat16, true, true, true>(params, num_slots, total_q, total_kv, device)
+         : launch<half, true, true, true>(params, num_slots, total_q, total_kv, device);
+  }
+}
+
+void run_ragged(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_arg,
+                AnyView kv_indptr_arg, AnyView sm_scale_arg, AnyView output_arg,
+                AnyView lse_arg) {
+  const Arg q("q", q_arg), k("k", k_arg), v("v", v_arg), qo_indptr("qo_indptr", qo_indptr_arg),
+      kv_indptr("kv_indptr", kv_indptr_arg), output("output", output_arg), lse("lse", lse_arg);
+  run_ragged_batch(q, k, v, qo_indptr, kv_indptr, nullptr, sm_scale_arg, output, lse);
+}
+
+void run_ragged_swa(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indptr_arg,
+                    AnyView kv_indptr_arg, AnyView window_left_arg, AnyView sm_scale_arg,
+                    AnyView output_arg, AnyView lse_arg) {
+  const Arg q("q", q_arg), k("k", k_arg), v("v", v_arg), qo_indptr("qo_indptr", qo_indptr_arg),
+      kv_indptr("kv_indptr", kv_indptr_arg), output("output", output_arg), lse("lse", lse_arg);
+  run_ragged_batch(q, k, v, qo_indptr, kv_indptr, &window_left_arg, sm_scale_arg, output, lse);
 }
 
 // Both paged definitions; kv_last_page_len is nullptr for page size 1 (every page full).
@@ -192,5 +219,6 @@ void run_paged_ps1(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg, AnyV
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged, run_ragged);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged_swa, run_ragged_swa);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64, run_paged_ps64);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps1, run_paged_ps1);

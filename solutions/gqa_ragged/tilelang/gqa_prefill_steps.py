@@ -88,7 +88,10 @@ def build_steps(
 
     def slot_of(item):
         """The slot of work item `item`: the last slots (under causal the heaviest tiles) first,
-        the 32 heads of a slot side by side (4 of them on each KV tile they load: L2)."""
+        the 32 heads of a slot side by side (4 of them on each KV tile they load: L2). Under a
+        window an item's work is its band (loop_range counts the band's key tiles), which grows
+        along a sequence's tiles up to the window's width: still heaviest first within each
+        sequence, the light tiles (band cut by key 0) last."""
         return num_slots - 1 - item // NUM_HEADS
 
     @T.macro

@@ -23,7 +23,13 @@ from .generated import GeneratedFile
 BASELINE_AUTHOR = "baseline"
 BUNDLE_AUTHOR = "gqa-prefill-bundle"
 # The CUDA solutions' files (flat, beside each other; attention_kernel.cuh includes the rest).
-TRITON_SOURCES = ("triton_prefill.py", "attention_kernel.py", "ragged_batch.py", "paged_kv.py")
+TRITON_SOURCES = (
+    "triton_prefill.py",
+    "attention_kernel.py",
+    "kv_loops.py",
+    "ragged_batch.py",
+    "paged_kv.py",
+)
 TILELANG_SOURCES = (
     "tilelang_prefill.py",
     "gqa_prefill_kernel.py",

@@ -295,7 +295,31 @@ def _swa(backend: str, language: str, entry_file: str, sources: tuple, descripti
     )
 
 
-_SWA_BUNDLE = [
+SOLUTIONS += [
+    _swa(
+        "flashinfer",
+        "python",
+        "flashinfer_prefill.py",
+        ("flashinfer_prefill.py",),
+        "Baseline: FlashInfer BatchPrefillWithRaggedKVCacheWrapper (fa3 on Hopper) planned with "
+        "window_left, plan cached per shape and window.",
+        author=BASELINE_AUTHOR,
+        dependencies=("flashinfer-python",),
+    ),
+    _swa(
+        "sdpa",
+        "python",
+        "sdpa_prefill.py",
+        ("sdpa_prefill.py",),
+        "Baseline: the varlen FlashAttention kernel behind torch SDPA with its own sliding window "
+        "(window_size_left = window_left, window_size_right = 0).",
+        author=BASELINE_AUTHOR,
+        destination_passing_style=False,
+    ),
+]
+
+
+SOLUTIONS += [
     _swa(
         "triton",
         "triton",
@@ -326,35 +350,6 @@ _SWA_BUNDLE = [
         binding="tvm-ffi",
     ),
 ]
-SOLUTIONS += [
-    _swa(
-        "flashinfer",
-        "python",
-        "flashinfer_prefill.py",
-        ("flashinfer_prefill.py",),
-        "Baseline: FlashInfer BatchPrefillWithRaggedKVCacheWrapper (fa3 on Hopper) planned with "
-        "window_left, plan cached per shape and window.",
-        author=BASELINE_AUTHOR,
-        dependencies=("flashinfer-python",),
-    ),
-    _swa(
-        "sdpa",
-        "python",
-        "sdpa_prefill.py",
-        ("sdpa_prefill.py",),
-        "Baseline: the varlen FlashAttention kernel behind torch SDPA with its own sliding window "
-        "(window_size_left = window_left, window_size_right = 0).",
-        author=BASELINE_AUTHOR,
-        destination_passing_style=False,
-    ),
-    # While the backends' window kernels land one by one: those whose entry file has one.
-    *(
-        s
-        for s in _SWA_BUNDLE
-        if "run_ragged_swa" in (s.folder / s.entry_point.split("::")[0]).read_text()
-    ),
-]
-
 
 # FP8 (e4m3) paged caches: baselines only so far.
 SOLUTIONS += [

@@ -9,6 +9,7 @@ file for both page sizes, its `run` bound per definition).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from flashinfer_bench import Definition
@@ -208,9 +209,18 @@ def reference_path(name: str) -> Path:
     return REFERENCES_DIR / f"{SHARED_REFERENCES.get(name, (name,))[0]}.py"
 
 
+def composed_source(path: Path) -> str:
+    """A reference file made self-contained: each `from .other import ...` line of it replaced
+    by the other reference file's text, placed first."""
+    text = path.read_text()
+    others = re.findall(r"^from \.(\w+) import .*$", text, flags=re.M)
+    body = re.sub(r"^from \.\w+ import .*\n", "", text, flags=re.M)
+    return "".join(composed_source(REFERENCES_DIR / f"{o}.py") + "\n\n" for o in others) + body
+
+
 def reference_source(name: str) -> str:
     """The reference file; a shared one gets this definition's `run`, taking its inputs."""
-    source = reference_path(name).read_text()
+    source = composed_source(reference_path(name))
     if name in SHARED_REFERENCES:
         params = ", ".join(SPECS[name]["inputs"])
         call = (SHARED_REFERENCES[name][1] or f"run_ps{PAGE_SIZES.get(name)}({{params}})").format(

@@ -7,7 +7,7 @@ A solution is always exercised as packed: built by flashinfer-bench from its gen
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -407,11 +407,15 @@ class MalformedBatch:
     total_q: int = 100
     total_kv: int = 120
     dtype: torch.dtype = torch.bfloat16
-    definition = RAGGED
+    window_left: int | None = None  # set: a batch of the sliding-window definition
+
+    @property
+    def definition(self) -> str:
+        return RAGGED if self.window_left is None else SWA
 
     @property
     def id(self) -> str:
-        return self.name
+        return self.name if self.window_left is None else f"{self.name}_window{self.window_left}"
 
 
 _QO, _KV = (0, 30, 70, 100), (0, 40, 80, 120)
@@ -434,6 +438,9 @@ MALFORMED_BATCHES = [
     # The slots before a late first sequence fall back to sequence 0 with a negative tile.
     MalformedBatch("qo_start_past_a_tile", (40, 60, 80, 100), _KV),
 ]
+# The same with a sliding window narrower than the sequences: the band's first key moves with
+# the (malformed) lengths, so it must not move a kernel outside k and v either.
+MALFORMED_SWA_BATCHES = [replace(b, window_left=7) for b in MALFORMED_BATCHES]
 
 
 def well_formed_sequences(qo_indptr, kv_indptr, total_q: int, total_kv: int) -> list:
@@ -468,13 +475,14 @@ def malformed_inputs(batch: MalformedBatch, device, seed: int = 0) -> list:
         randn(batch.total_kv, NUM_KV_HEADS, HEAD_DIM),
         torch.tensor(batch.qo_indptr, dtype=torch.int32, device=device),
         torch.tensor(batch.kv_indptr, dtype=torch.int32, device=device),
+        *(() if batch.window_left is None else (batch.window_left,)),
         1.0 / math.sqrt(HEAD_DIM),
     ]
 
 
 def malformed_expected(batch: MalformedBatch, inputs) -> list:
     """Rows of well-formed sequences as the reference computes them alone; every other row NaN."""
-    q, k, v, qo_indptr, kv_indptr, sm_scale = inputs
+    q, k, v, qo_indptr, kv_indptr, *window, sm_scale = inputs
     output = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)
     qo, kv = batch.qo_indptr, batch.kv_indptr
@@ -482,8 +490,8 @@ def malformed_expected(batch: MalformedBatch, inputs) -> list:
         rows, keys = slice(qo[s], qo[s + 1]), slice(kv[s], kv[s + 1])
         seq_q, seq_kv = qo[s + 1] - qo[s], kv[s + 1] - kv[s]
         one = [q[rows], k[keys], v[keys], lengths_to_indptr([seq_q]).to(q.device),
-               lengths_to_indptr([seq_kv]).to(q.device), sm_scale]  # fmt: skip
-        output[rows], lse[rows] = reference(RAGGED)(*one)
+               lengths_to_indptr([seq_kv]).to(q.device), *window, sm_scale]  # fmt: skip
+        output[rows], lse[rows] = reference(batch.definition)(*one)
     return [output, lse]
 
 

@@ -1,5 +1,6 @@
 """Every backend's ragged and paged solutions under compute-sanitizer memcheck on the fixed lists
 of malformed batches (prefill_bundle.testing.MALFORMED_BATCHES plus a valid batch;
+the same with a sliding window for the window solutions;
 prefill_bundle.paged_malformed.MALFORMED_PAGED_BATCHES, a valid one first), printing one
 line per case: the solution, the batch, and whether the NaN rows and the well-formed rows are
 what the contract says. memcheck itself reports any access outside an allocation.
@@ -11,10 +12,11 @@ past them is an error to memcheck. Run with --solutions NAME ... to restrict.
 """
 
 import argparse
+from dataclasses import replace
 
 import torch
 
-from prefill_bundle import PAGE_SIZES, RAGGED
+from prefill_bundle import PAGE_SIZES, RAGGED, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.paged_malformed import (
     MALFORMED_PAGED_BATCHES,
@@ -24,6 +26,7 @@ from prefill_bundle.paged_malformed import (
 )
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
+    MALFORMED_SWA_BATCHES,
     MalformedBatch,
     build_solution,
     check_malformed_outputs,
@@ -32,7 +35,7 @@ from prefill_bundle.testing import (
 )
 
 VALID = MalformedBatch("valid_partition", (0, 30, 70, 100), (0, 40, 80, 120))
-DEFINITIONS = (RAGGED, *PAGE_SIZES)
+DEFINITIONS = (RAGGED, SWA, *PAGE_SIZES)
 OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author != BASELINE_AUTHOR]
 
 parser = argparse.ArgumentParser()
@@ -46,6 +49,10 @@ for name in names:
         batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == page_size]
         inputs_of, expected_of = malformed_paged_inputs, malformed_paged_expected
         check = check_malformed_paged_outputs
+    elif name.endswith("_swa"):
+        batches = [replace(VALID, window_left=7), *MALFORMED_SWA_BATCHES]
+        inputs_of, expected_of = malformed_inputs, malformed_expected
+        check = check_malformed_outputs
     else:
         batches = [VALID, *MALFORMED_BATCHES]
         inputs_of, expected_of, check = (
@@ -68,5 +75,5 @@ for name in names:
             failures += 1
             verdict = f"WRONG: {str(error).splitlines()[0]}"
         nan_rows = int(output.isnan().all(-1).all(-1).sum())
-        print(f"{name:18s} {batch.name:28s} nan_rows={nan_rows:3d} {verdict}", flush=True)
+        print(f"{name:18s} {batch.id:38s} nan_rows={nan_rows:3d} {verdict}", flush=True)
 print(f"{cases - failures} passed, {failures} failed")

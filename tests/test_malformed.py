@@ -11,7 +11,7 @@ scripts/sanitize_malformed.py runs the same list under compute-sanitizer memchec
 import pytest
 import torch
 
-from prefill_bundle import PAGE_SIZES, RAGGED
+from prefill_bundle import PAGE_SIZES, RAGGED, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.paged_malformed import (
     MALFORMED_PAGED_BATCHES,
@@ -21,6 +21,7 @@ from prefill_bundle.paged_malformed import (
 )
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
+    MALFORMED_SWA_BATCHES,
     build_solution,
     check_malformed_outputs,
     malformed_expected,
@@ -78,6 +79,15 @@ def test_well_formed_sequences_rule():
 @pytest.mark.parametrize("solution", solutions())
 @pytest.mark.parametrize("batch", MALFORMED_BATCHES, ids=lambda b: b.id)
 def test_malformed_batch(solution, batch):
+    inputs = malformed_inputs(batch, DEVICE, seed=3)
+    expected = malformed_expected(batch, inputs)
+    check_malformed_outputs(run_guarded(solution, inputs), expected)
+
+
+@pytest.mark.parametrize("solution", solutions((SWA,)))
+@pytest.mark.parametrize("batch", MALFORMED_SWA_BATCHES, ids=lambda b: b.id)
+def test_malformed_batch_with_window(solution, batch):
+    """The same batches through the sliding-window entry (window 7 of up to 120 keys)."""
     inputs = malformed_inputs(batch, DEVICE, seed=3)
     expected = malformed_expected(batch, inputs)
     check_malformed_outputs(run_guarded(solution, inputs), expected)

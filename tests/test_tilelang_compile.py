@@ -214,17 +214,19 @@ _CPU_FORM = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cpu_kernels(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tilelang_cpu")
-    module = rewritten_kernel_module(folder, "gqa_prefill_kernel_cpu", _CPU_FORM)
+def cpu_programs(tmp_path_factory, tag: str):
+    """The kernel module rewritten for the C stand-in (shared by the TileLang test files);
+    returns get(config, causal=True, **variant): gqa_prefill's program for that variant and tile
+    config, compiled for the CPU once per test module."""
+    folder = tmp_path_factory.mktemp(f"tilelang_{tag}_cpu")
+    module = rewritten_kernel_module(folder, f"gqa_prefill_{tag}_cpu", _CPU_FORM)
     cache = {}
 
-    def get(causal: bool, config: dict):
-        key = (causal, tuple(sorted(config.items())))
+    def get(config: dict, causal: bool = True, **variant):
+        key = (causal, tuple(sorted(variant.items())), tuple(sorted(config.items())))
         if key not in cache:
             # The C backend has no bfloat16 locals: the CPU program runs in float16.
-            func = module.gqa_prefill("float16", causal, **config)
+            func = module.gqa_prefill("float16", causal, **variant, **config)
             cache[key] = tilelang.compile(
                 func,
                 target="c",
@@ -234,6 +236,12 @@ def cpu_kernels(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels(tmp_path_factory):
+    get = cpu_programs(tmp_path_factory, "kernel")
+    return lambda causal, config: get(config, causal=causal)
 
 
 def _launcher(kernel):

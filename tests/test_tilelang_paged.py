@@ -17,14 +17,12 @@ import functools
 import sys
 
 import pytest
-import tilelang
 import torch
 from test_tilelang_compile import (
-    _CPU_FORM,
     compile_fresh,
+    cpu_programs,
     entry_module,
     kernel_module,
-    rewritten_kernel_module,
 )
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
@@ -115,24 +113,8 @@ def test_paged_compiles_without_register_spills(dtype, page_size):
 
 @pytest.fixture(scope="module")
 def cpu_paged_kernels(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tilelang_paged_cpu")
-    module = rewritten_kernel_module(folder, "gqa_prefill_paged_cpu", _CPU_FORM)
-    cache = {}
-
-    def get(page_size: int, config: dict):
-        key = (page_size, tuple(sorted(config.items())))
-        if key not in cache:
-            # The C backend has no bfloat16 locals: the CPU program runs in float16.
-            func = module.gqa_prefill("float16", True, page_size=page_size, **config)
-            cache[key] = tilelang.compile(
-                func,
-                target="c",
-                execution_backend="cython",
-                pass_configs={"tirx.disable_vectorize": True},  # no vector half casts in C
-            )
-        return cache[key]
-
-    return get
+    get = cpu_programs(tmp_path_factory, "paged")
+    return lambda page_size, config: get(config, page_size=page_size)
 
 
 def _paged_launcher(kernel):

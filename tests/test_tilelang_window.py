@@ -17,14 +17,12 @@ import functools
 import sys
 
 import pytest
-import tilelang
 import torch
 from test_tilelang_compile import (
-    _CPU_FORM,
     compile_fresh,
+    cpu_programs,
     entry_module,
     kernel_module,
-    rewritten_kernel_module,
 )
 
 from prefill_bundle.packing import SOLUTIONS
@@ -95,24 +93,8 @@ def test_window_compiles_without_register_spills(dtype):
 
 @pytest.fixture(scope="module")
 def cpu_window_kernels(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tilelang_window_cpu")
-    module = rewritten_kernel_module(folder, "gqa_prefill_window_cpu", _CPU_FORM)
-    cache = {}
-
-    def get(window: bool, config: dict):
-        key = (window, tuple(sorted(config.items())))
-        if key not in cache:
-            # The C backend has no bfloat16 locals: the CPU program runs in float16.
-            func = module.gqa_prefill("float16", True, window=window, **config)
-            cache[key] = tilelang.compile(
-                func,
-                target="c",
-                execution_backend="cython",
-                pass_configs={"tirx.disable_vectorize": True},  # no vector half casts in C
-            )
-        return cache[key]
-
-    return get
+    get = cpu_programs(tmp_path_factory, "window")
+    return lambda window, config: get(config, window=window)
 
 
 def _launcher(kernel):

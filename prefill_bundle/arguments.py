@@ -89,6 +89,23 @@ def _expect_tensor(x, name: str, dtype: torch.dtype, shape: tuple, what: str) ->
     expect(ok, name, f"{_dtype_name(dtype)} {what}", x)
 
 
+def _expect_indptr(qo_indptr, kv_indptr) -> int:
+    """Both indptr arrays int32 [batch + 1], batch >= 0; returns batch + 1."""
+    _expect_tensor(qo_indptr, "qo_indptr", torch.int32, (None,), "[batch + 1]")
+    expect(qo_indptr.shape[0] >= 1, "qo_indptr", "int32 [batch + 1]", qo_indptr)
+    size = qo_indptr.shape[0]
+    _expect_tensor(kv_indptr, "kv_indptr", torch.int32, (size,), f"[{size}] (qo_indptr's shape)")
+    return size
+
+
+def _expect_outputs(q, output, lse) -> None:
+    """output of q's dtype and shape; lse float32 [total_q, 32]."""
+    what = f"{list(q.shape)} (q's dtype and shape)"
+    _expect_tensor(output, "output", q.dtype, tuple(q.shape), what)
+    total_q = q.shape[0]
+    _expect_tensor(lse, "lse", torch.float32, (total_q, NUM_HEADS), f"[{total_q}, {NUM_HEADS}]")
+
+
 def check_padded_shapes(q, k, v, out) -> tuple:
     """Shapes and dtypes of the padded definition (once per shape): (batch, seq_q, seq_kv)."""
     expect(
@@ -119,10 +136,7 @@ def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
     _expect_tensor(v, "v", q.dtype, kv, f"[total_kv, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)")
     expect(v.shape == k.shape, "v", f"k's shape {list(k.shape)}", v)
     total_kv = k.shape[0]
-    _expect_tensor(qo_indptr, "qo_indptr", torch.int32, (None,), "[batch + 1]")
-    expect(qo_indptr.shape[0] >= 1, "qo_indptr", "int32 [batch + 1]", qo_indptr)
-    size = qo_indptr.shape[0]
-    _expect_tensor(kv_indptr, "kv_indptr", torch.int32, (size,), f"[{size}] (qo_indptr's shape)")
+    size = _expect_indptr(qo_indptr, kv_indptr)
     batch = size - 1
     if batch == 0 and (total_q > 0 or total_kv > 0):
         fail(
@@ -130,9 +144,7 @@ def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
             f"at least one sequence for {total_q} query and {total_kv} key rows",
             describe(qo_indptr),
         )
-    what = f"{list(q.shape)} (q's dtype and shape)"
-    _expect_tensor(output, "output", q.dtype, tuple(q.shape), what)
-    _expect_tensor(lse, "lse", torch.float32, (total_q, NUM_HEADS), f"[{total_q}, {NUM_HEADS}]")
+    _expect_outputs(q, output, lse)
     return batch, total_q, total_kv
 
 
@@ -154,10 +166,7 @@ def check_paged_shapes(
     expect(v_cache.shape == k_cache.shape, "v_cache", f"k_cache's shape {list(k_cache.shape)}",
            v_cache)  # fmt: skip
     num_pages = k_cache.shape[0]
-    _expect_tensor(qo_indptr, "qo_indptr", torch.int32, (None,), "[batch + 1]")
-    expect(qo_indptr.shape[0] >= 1, "qo_indptr", "int32 [batch + 1]", qo_indptr)
-    size = qo_indptr.shape[0]
-    _expect_tensor(kv_indptr, "kv_indptr", torch.int32, (size,), f"[{size}] (qo_indptr's shape)")
+    size = _expect_indptr(qo_indptr, kv_indptr)
     _expect_tensor(kv_indices, "kv_indices", torch.int32, (None,), "[num_kv_indices]")
     num_kv_indices = kv_indices.shape[0]
     batch = size - 1
@@ -169,9 +178,7 @@ def check_paged_shapes(
             f"at least one sequence for {total_q} query rows and {num_kv_indices} pages",
             describe(qo_indptr),
         )
-    what = f"{list(q.shape)} (q's dtype and shape)"
-    _expect_tensor(output, "output", q.dtype, tuple(q.shape), what)
-    _expect_tensor(lse, "lse", torch.float32, (total_q, NUM_HEADS), f"[{total_q}, {NUM_HEADS}]")
+    _expect_outputs(q, output, lse)
     return batch, total_q, num_pages, num_kv_indices
 
 

@@ -260,12 +260,12 @@ def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output,
     window_left = check_window_left(window_left)
     sm_scale = check_sm_scale(sm_scale)
     tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
-    if window_left < 0:
+    # k is [total_kv, 8, 128] (a wrong shape fails the plan's checks either way)
+    no_window = window_left < 0 or (isinstance(k, torch.Tensor) and window_left >= k.shape[0])
+    if no_window:
         plan, window_left = _checked_ragged_plan(_ragged_plans, False, tensors), None
     else:
         plan = _checked_ragged_plan(_window_plans, True, tensors)
-        if window_left >= plan[4]:  # total_kv
-            plan, window_left = _checked_ragged_plan(_ragged_plans, False, tensors), None
     if sm_scale <= 0:
         q, sm_scale = _positive_scale(q, sm_scale)
     launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)

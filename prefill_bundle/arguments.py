@@ -31,6 +31,11 @@ anything is launched. The rules:
   only: the ps1 definition has no such input). Page ids and last-page lengths, like indptr, are
   read only by the kernels: an id outside [0, num_pages) is never dereferenced and the rows
   that would see it come back NaN.
+- FP8 paged (gqa_paged_prefill_causal_fp8kv_h32_kv8_d128_ps64): as page size 64, but k_cache and
+  v_cache float8_e4m3fn (a page stride a multiple of 16 elements: 16 bytes), and k_scale,
+  v_scale finite real numbers checked on every call like sm_scale. The real K is
+  k_cache * k_scale: the kernels fold k_scale into the softmax scale and multiply the output by
+  v_scale (fold_kv_scales).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ import torch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit dtype: the kernels' vector and TMA loads
+FP8_DTYPE = torch.float8_e4m3fn  # the FP8 cache's element type
+ALIGN_BYTES = 16  # the kernels' vector and TMA loads
+ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit dtype
 # Debugging mode: check indptr values on the host before every launch (one device-to-host copy
 # and a stream sync per call).
 VALIDATE = os.environ.get("PREFILL_BUNDLE_VALIDATE", "0") == "1"
@@ -149,10 +156,12 @@ def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
 
 
 def check_paged_shapes(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, page_size
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, page_size,
+    cache_dtype=None,
 ) -> tuple:
     """Shapes and dtypes of a paged definition (once per shape): (batch, total_q, num_pages,
-    num_kv_indices). kv_last_page_len is None for page size 1 (the ps1 definition has none)."""
+    num_kv_indices). kv_last_page_len is None for page size 1 (the ps1 definition has none).
+    cache_dtype: the caches' dtype where it is not q's (FP8_DTYPE for the FP8 definition)."""
     expect(
         isinstance(q, torch.Tensor) and q.dtype in HALF_DTYPES and q.dim() == 3
         and tuple(q.shape[1:]) == (NUM_HEADS, HEAD_DIM),
@@ -160,9 +169,11 @@ def check_paged_shapes(
     )  # fmt: skip
     total_q = q.shape[0]
     cache = (None, page_size, NUM_KV_HEADS, HEAD_DIM)
-    what = f"[num_pages, {page_size}, {NUM_KV_HEADS}, {HEAD_DIM}] (q's dtype)"
-    _expect_tensor(k_cache, "k_cache", q.dtype, cache, what)
-    _expect_tensor(v_cache, "v_cache", q.dtype, cache, what)
+    dtype = "q's dtype" if cache_dtype is None else _dtype_name(cache_dtype)
+    what = f"[num_pages, {page_size}, {NUM_KV_HEADS}, {HEAD_DIM}] ({dtype})"
+    cache_dtype = q.dtype if cache_dtype is None else cache_dtype
+    _expect_tensor(k_cache, "k_cache", cache_dtype, cache, what)
+    _expect_tensor(v_cache, "v_cache", cache_dtype, cache, what)
     expect(v_cache.shape == k_cache.shape, "v_cache", f"k_cache's shape {list(k_cache.shape)}",
            v_cache)  # fmt: skip
     num_pages = k_cache.shape[0]
@@ -191,13 +202,26 @@ def check_causal(causal) -> bool:
     fail("causal", "a Python bool or a 0-d bool tensor", describe(causal))
 
 
-def check_sm_scale(sm_scale) -> float:
+def check_sm_scale(sm_scale, name: str = "sm_scale") -> float:
     """Every call: any finite real number (zero and negative scales are valid softmax scales)."""
     if type(sm_scale) is float and -math.inf < sm_scale < math.inf:
         return sm_scale  # the common case, in one comparison
     ok = isinstance(sm_scale, (float, int)) and not isinstance(sm_scale, bool)
-    expect(ok and math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
+    expect(ok and math.isfinite(sm_scale), name, "a finite float", sm_scale)
     return float(sm_scale)
+
+
+def fold_kv_scales(sm_scale, k_scale, v_scale) -> tuple:
+    """Every call (FP8 caches): each scale a finite real number. Returns (sm_scale * k_scale,
+    v_scale): q.(k_cache * k_scale) = k_scale (q.k_cache), so k_scale joins the softmax scale,
+    and P (v_cache * v_scale) = v_scale (P v_cache), so v_scale multiplies the output."""
+    sm_scale = check_sm_scale(sm_scale)
+    k_scale = check_sm_scale(k_scale, "k_scale")
+    v_scale = check_sm_scale(v_scale, "v_scale")
+    scale = sm_scale * k_scale
+    expect(math.isfinite(scale), "k_scale", f"a finite product with sm_scale = {sm_scale}",
+           k_scale)  # fmt: skip
+    return scale, v_scale
 
 
 INT32_MAX = 2**31 - 1
@@ -237,11 +261,12 @@ def strides_ok(x: torch.Tensor) -> bool:
 
 
 def cache_strides_ok(x: torch.Tensor) -> bool:
-    """A paged cache's layout: dense within a page, a page stride that is a multiple of 8
-    elements and at least one page (pages never overlap)."""
+    """A paged cache's layout: dense within a page, a page stride that is a multiple of 16 bytes
+    (8 elements of a 16-bit dtype, 16 of FP8) and at least one page (pages never overlap)."""
     page = x.shape[1] * x.shape[2] * x.shape[3]
     dense = x[0:1].is_contiguous() if x.shape[0] else True
-    return dense and (x.shape[0] <= 1 or x.stride(0) % ALIGN_ELEMENTS == 0 and x.stride(0) >= page)
+    aligned = x.stride(0) * x.element_size() % ALIGN_BYTES == 0
+    return dense and (x.shape[0] <= 1 or aligned and x.stride(0) >= page)
 
 
 def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
@@ -259,7 +284,7 @@ def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> Non
             fail(
                 name,
                 "pages dense inside and a page stride that is a multiple of "
-                f"{ALIGN_ELEMENTS} elements and at least one page",
+                f"{ALIGN_BYTES // x.element_size()} elements and at least one page",
                 f"{describe(x)} with strides {list(x.stride())}",
             )
     check_placement(names, tensors, interpreted)

@@ -10,9 +10,10 @@ import torch
 from flashinfer_bench import TraceSet
 from safetensors.torch import load_file
 
-from . import HEAD_DIM, NUM_HEADS, PAGE_SIZES, REPO_ROOT
+from . import HEAD_DIM, NUM_HEADS, REPO_ROOT
 from .cuda_build import RESOURCES_MD
 from .packing import BASELINE_AUTHOR, SOLUTIONS
+from .workloads import PAGED_DEFINITIONS
 
 FLASHINFER_BACKEND = "flashinfer"
 
@@ -176,7 +177,7 @@ def render(trace_set: TraceSet) -> str:
         lines.append("|---" * (len(solutions) + 1) + "|")
         for wl in trace_set.workloads.get(def_name, []):
             row = by_workload.get(wl.workload.uuid, {})
-            flops = workload_flops(wl.workload, PAGE_SIZES.get(def_name, 0))
+            flops = workload_flops(wl.workload, PAGED_DEFINITIONS.get(def_name, 0))
             baseline = next(
                 (t for n, t in row.items() if backend_of.get(n) == FLASHINFER_BACKEND), None
             )

@@ -15,7 +15,9 @@ Padded batch: lengths are the runtime ints seq_q / seq_kv, sequence s starts at 
 Ragged batch: lengths come from qo_indptr / kv_indptr, read in the kernel (no host sync).
 K/V are loaded by a policy, PAGE_SIZE: 0 reads them contiguous (padded and ragged batches), a
 page size reads them through the page table of a paged cache (paged_kv.py); everything else is
-one code path. The K/V tile loops live in kv_loops.py.
+one code path. A paged cache may be FP8 (e4m3): tiles are converted to q's dtype on load, its
+k_scale is folded into qk_scale and its v_scale multiplies the output. The K/V tile loops live
+in kv_loops.py.
 """
 
 import triton
@@ -47,6 +49,7 @@ def _store_rows(
     row0,
     tokens_left,
     first_head,
+    v_scale,
     BLOCK_M: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -56,7 +59,8 @@ def _store_rows(
 ):
     """Normalise a row block once and write its rows (and their LSE): BLOCK_M rows of
     HEADS_PER_TILE heads from first_head on, tokens from flat row row0 on, of which the first
-    tokens_left lie inside the sequence.
+    tokens_left lie inside the sequence. v_scale (FP8 caches, else None): V's scale, which
+    multiplies the output (the LSE does not see it).
 
     The addresses are computed here from an opaque first_head: otherwise the compiler reuses
     the Q tile's load addresses, and keeps them in registers through the K/V loops.
@@ -68,7 +72,10 @@ def _store_rows(
     row_in_seq = row_token < tokens_left
     # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
     saw_key = l_i > 0.0
-    acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    if v_scale is None:
+        acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
+    else:  # v_scale joins the row's divisor: one divide a row
+        acc = acc * (v_scale / tl.where(saw_key, l_i, 1.0))[:, None]
     offsets = (row0 + row_token)[:, None] * (NUM_HEADS * HEAD_DIM) + row_head[:, None] * HEAD_DIM
     tl.store(
         out + offsets + dims[None, :],
@@ -85,7 +92,8 @@ def _store_rows(
 def gqa_prefill_fwd(
     q,  # [tokens, NUM_HEADS, HEAD_DIM], tokens Q_TOKEN_STRIDE apart (a padded batch flattened)
     k,  # [kv tokens, NUM_KV_HEADS, HEAD_DIM], tokens K_TOKEN_STRIDE apart; v likewise
-    v,  # (paged: [num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM], pages *_PAGE_STRIDE apart)
+    v,  # (paged: [num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM], pages *_PAGE_STRIDE apart;
+    # q's dtype, or FP8 e4m3 with v_scale given)
     out,  # [tokens, NUM_HEADS, HEAD_DIM], contiguous
     lse,  # [tokens, NUM_HEADS] fp32, base-2; only read when WRITE_LSE
     qo_indptr,  # [num_seqs + 1] int32; only read when RAGGED
@@ -96,7 +104,8 @@ def gqa_prefill_fwd(
     seq_q,  # padded: rows per sequence; ragged: total_q and total_kv, the rows of q and k
     seq_kv,  # (paged: the length of kv_indices)
     num_pages,  # paged only (else None): pages in the caches
-    qk_scale,  # sm_scale * log2(e)
+    qk_scale,  # sm_scale * log2(e) (FP8 caches: times k_scale)
+    v_scale,  # FP8 caches only (else None): the output's factor
     window_left,  # WINDOW only (else None): a query sees the keys [p - window_left, p]
     Q_TOKEN_STRIDE: tl.constexpr,  # elements between consecutive tokens (fused QKV: 6144)
     K_TOKEN_STRIDE: tl.constexpr,  # (paged: inside a page, NUM_KV_HEADS * HEAD_DIM)
@@ -279,7 +288,7 @@ def gqa_prefill_fwd(
             acc_b, m_b, l_b = poison_rows(acc_b, m_b, l_b, query_pos_b, causal_shift, poison_from)
         _store_rows(
             acc_b, m_b, l_b, out, lse, tile_row0 + BLOCK_TOKENS,
-            q_len - first_token - BLOCK_TOKENS, first_head, BLOCK_M=BLOCK_M,
+            q_len - first_token - BLOCK_TOKENS, first_head, v_scale, BLOCK_M=BLOCK_M,
             HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,
             WRITE_LSE=WRITE_LSE, INTERPRETED=INTERPRETED,
         )  # fmt: skip
@@ -309,7 +318,7 @@ def gqa_prefill_fwd(
     if PAGE_SIZE > 0:
         acc, m_i, l_i = poison_rows(acc, m_i, l_i, query_pos, causal_shift, poison_from)
     _store_rows(
-        acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, BLOCK_M=BLOCK_M,
-        HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,
+        acc, m_i, l_i, out, lse, tile_row0, q_len - first_token, first_head, v_scale,
+        BLOCK_M=BLOCK_M, HEADS_PER_TILE=HEADS_PER_TILE, HEAD_DIM=HEAD_DIM, NUM_HEADS=NUM_HEADS,
         WRITE_LSE=WRITE_LSE, INTERPRETED=INTERPRETED,
     )  # fmt: skip

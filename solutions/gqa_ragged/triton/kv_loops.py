@@ -1,7 +1,7 @@
 """The K/V tile loops of the attention kernel (attention_kernel.py): the online softmax over one
 row block's key tiles (attend_kv_tiles) or two paired row blocks' (attend_kv_tiles_paired, one's
-softmax beside the other's P V), masked or not, K/V loaded contiguous or through the page table;
-and where a sliding window's band starts (band_start).
+softmax beside the other's P V), masked or not, K/V loaded contiguous or through the page table
+(of q's dtype or FP8, converted on load); and where a sliding window's band starts (band_start).
 """
 
 import triton
@@ -90,12 +90,15 @@ def band_start(first_pos, last_pos, window_left, kv_full_end, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _load_kv_tile(ptrs, in_seq, MASKED: tl.constexpr):
-    """One K or V tile. Masked: keys past the sequence belong to another one or lie out of
-    bounds, so they load as zeros (p is 0 there, but 0 * NaN would not be)."""
+def _load_kv_tile(ptrs, in_seq, dtype: tl.constexpr, MASKED: tl.constexpr):
+    """One K or V tile, in dtype (q's). Masked: keys past the sequence belong to another one or
+    lie out of bounds, so they load as zeros (p is 0 there, but 0 * NaN would not be).
+
+    An FP8 cache's tile is read as FP8 (half the bytes) and converted on chip, exactly: every
+    e4m3 value is a bf16 and an fp16 value. A cache of q's dtype casts nothing (the same code)."""
     if MASKED:
-        return tl.load(ptrs, mask=in_seq[:, None], other=0.0)
-    return tl.load(ptrs)
+        return tl.load(ptrs, mask=in_seq[:, None], other=0.0).to(dtype)
+    return tl.load(ptrs).to(dtype)
 
 
 @triton.jit
@@ -158,7 +161,7 @@ def attend_kv_tiles(
                 HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
-        k = _load_kv_tile(k_ptrs, in_seq, MASKED)
+        k = _load_kv_tile(k_ptrs, in_seq, q.dtype, MASKED)
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
@@ -176,7 +179,7 @@ def attend_kv_tiles(
             )
         else:
             p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
-        v = _load_kv_tile(v_ptrs, in_seq, MASKED)
+        v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         if PAGE_SIZE == 0:
@@ -246,7 +249,7 @@ def attend_kv_tiles_paired(
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
         if PAGE_SIZE == 0:
-            k = _load_kv_tile(k_tile + k_offsets, in_seq, MASKED)
+            k = _load_kv_tile(k_tile + k_offsets, in_seq, q_a.dtype, MASKED)
         else:
             # The page ids are read a tile ahead: Triton's pipeliner would otherwise make the
             # id load a stage of its own and wait for all copies in flight, K/V included, at
@@ -259,7 +262,7 @@ def attend_kv_tiles_paired(
                 HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
-            k = _load_kv_tile(k_ptrs, in_seq, MASKED)
+            k = _load_kv_tile(k_ptrs, in_seq, q_a.dtype, MASKED)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
@@ -279,9 +282,9 @@ def attend_kv_tiles_paired(
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
         if PAGE_SIZE == 0:
-            v = _load_kv_tile(v_tile + v_offsets, in_seq, MASKED)
+            v = _load_kv_tile(v_tile + v_offsets, in_seq, q_a.dtype, MASKED)
         else:
-            v = _load_kv_tile(v_ptrs, in_seq, MASKED)
+            v = _load_kv_tile(v_ptrs, in_seq, q_a.dtype, MASKED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(

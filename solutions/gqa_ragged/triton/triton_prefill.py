@@ -1,6 +1,6 @@
 """Triton GQA prefill attention: the entry points of every definition (padded, ragged, ragged with
-a sliding window, paged with page size 1 and 64), their argument checks and launch plans. The
-kernel is in attention_kernel.py.
+a sliding window, paged with page size 1 and 64, page size 64 with FP8 caches), their argument
+checks and launch plans. The kernel is in attention_kernel.py.
 
 flashinfer-bench times the whole call, so run_*() only builds a key from shapes, strides and
 dtypes, looks up the launch plan cached under it (grid and block sizes, never data pointers or
@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .arguments import (
+    FP8_DTYPE,
     PADDED_NAMES,
     PAGED_PS1_NAMES,
     PAGED_PS64_NAMES,
@@ -39,6 +40,7 @@ from .arguments import (
     check_ragged_shapes,
     check_sm_scale,
     check_window_left,
+    fold_kv_scales,
     token_stride,
 )
 from .attention_kernel import gqa_prefill_fwd
@@ -54,6 +56,7 @@ _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
 _window_plans = PlanCache()  # the ragged plans with WINDOW on
 _paged_plans = {1: PlanCache(), 64: PlanCache()}  # by page size
+_fp8_plans = PlanCache()  # page size 64, FP8 caches: a definition of its own, checked as such
 # The kernel's parameters by kind, in signature order: a compiled kernel takes them all
 # positionally. launch_* pass the run-time ones in _RUNTIME_ARGS order (a tuple costs the host
 # less than keywords, ~0.7 us a call), checked here against the signature.
@@ -61,7 +64,7 @@ _PARAMETERS = inspect.signature(gqa_prefill_fwd.fn).parameters.values()
 _CONSTEXPRS = tuple(p.name for p in _PARAMETERS if p.annotation is tl.constexpr)
 _RUNTIME_ARGS = ("q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr", "kv_indices",
                  "kv_last_page_len", "num_seqs", "seq_q", "seq_kv", "num_pages", "qk_scale",
-                 "window_left")  # fmt: skip
+                 "v_scale", "window_left")  # fmt: skip
 # Padded and ragged batches read K/V contiguous (the paged arguments are None).
 CONTIGUOUS_KV = dict(PAGE_SIZE=0, K_PAGE_STRIDE=0, V_PAGE_STRIDE=0)
 if _RUNTIME_ARGS != tuple(p.name for p in _PARAMETERS if p.annotation is not tl.constexpr):
@@ -176,13 +179,16 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     return grid, meta, batch, total_q, total_kv, {}
 
 
-def _plan_paged(page_size, tensors, config=None) -> tuple:
+def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     """Check shapes, dtypes and strides (once per key) and plan the launch: the ragged plan with
     K/V read through the page table. Page ids and lengths stay unread on the host (paged_kv.py).
     tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
-    page size 1), output, lse."""
+    page size 1), output, lse. cache_dtype: FP8_DTYPE for FP8 caches (else q's dtype); the
+    kernel specializes on the caches' element type, the tiles the same."""
     q, k_cache, v_cache = tensors[:3]
-    batch, total_q, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size)
+    batch, total_q, num_pages, num_kv_indices = check_paged_shapes(
+        *tensors, page_size, cache_dtype=cache_dtype
+    )
     check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
     meta = dict(
@@ -192,6 +198,10 @@ def _plan_paged(page_size, tensors, config=None) -> tuple:
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)
+    if cache_dtype is not None and config is None and meta["num_stages"] == 3:
+        # FP8 tiles take half the shared memory: a fourth stage fits at the same occupancy,
+        # and the paired kernel's loops then spill nothing (TUNING.md, unmeasured).
+        meta["num_stages"] = 4
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=False, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     # Tokens are dense within a page (the layout check): only the page strides vary.
@@ -237,7 +247,7 @@ def launch_padded(plan, q, k, v, out):
     if grid[0] == 0:
         return  # no query row
     args = (q, k, v, out, None, None, None, None, None, batch, seq_q, seq_kv, None,
-            PADDED_QK_SCALE, None)  # fmt: skip
+            PADDED_QK_SCALE, None, None)  # fmt: skip
     _launch(grid, meta, runners, args)
 
 
@@ -312,7 +322,7 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, wi
     if total_q == 0:
         return  # no query row: nothing to write
     args = (q, k, v, output, lse, qo_indptr, kv_indptr, None, None, batch, total_q, total_kv,
-            None, sm_scale * LOG2_E, window_left)  # fmt: skip
+            None, sm_scale * LOG2_E, None, window_left)  # fmt: skip
     _launch(grid, meta, runners, args)
 
 
@@ -322,15 +332,26 @@ def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_las
                sm_scale, output, lse)  # fmt: skip
 
 
+def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                         kv_last_page_len, k_scale, v_scale, sm_scale, output, lse):  # fmt: skip
+    """Page size 64 over float8_e4m3fn caches, K = k_cache * k_scale, V = v_cache * v_scale: the
+    paged kernel reading FP8 tiles (converted to q's dtype on chip), k_scale folded into the
+    softmax scale and v_scale into the output (fold_kv_scales)."""
+    sm_scale, v_scale = fold_kv_scales(sm_scale, k_scale, v_scale)
+    _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+               sm_scale, output, lse, v_scale)  # fmt: skip
+
+
 def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
     _run_paged(1, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, sm_scale, output,
                lse)  # fmt: skip
 
 
 def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-               kv_last_page_len, sm_scale, output, lse):  # fmt: skip
+               kv_last_page_len, sm_scale, output, lse, v_scale=None):  # fmt: skip
+    """v_scale: a float for FP8 caches (sm_scale then has k_scale folded in), else None."""
     sm_scale = check_sm_scale(sm_scale)
-    plans = _paged_plans[page_size]
+    plans = _paged_plans[page_size] if v_scale is None else _fp8_plans
     tensors = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
                lse)  # fmt: skip
     try:
@@ -345,7 +366,8 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     except AttributeError:  # not a tensor
         key = plan = None
     if plan is None:
-        plan = _plan_paged(page_size, tensors)  # raises ValueError on a bad argument
+        cache_dtype = None if v_scale is None else FP8_DTYPE
+        plan = _plan_paged(page_size, tensors, cache_dtype=cache_dtype)  # ValueError if bad
         if key is not None:
             plans.store(key, plan)
     else:
@@ -356,14 +378,16 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     if sm_scale <= 0:
         q, sm_scale = _positive_scale(q, sm_scale)
     launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                 sm_scale, output, lse)  # fmt: skip
+                 sm_scale, output, lse, v_scale)  # fmt: skip
 
 
 def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                 sm_scale, output, lse):  # fmt: skip
+                 sm_scale, output, lse, v_scale=None):  # fmt: skip
+    """v_scale: a float for FP8 caches (a plan of _fp8_plans), else None."""
     grid, meta, batch, total_q, num_kv_indices, num_pages, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write
     args = (q, k_cache, v_cache, output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-            batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, None)  # fmt: skip
+            batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, v_scale,
+            None)  # fmt: skip
     _launch(grid, meta, runners, args)

@@ -1,0 +1,129 @@
+"""The Triton kernel's FP8 (e4m3) paged caches beyond the shared matrix (interpreter on CPU, the
+GPU when there is one): an element type of the paged policy, nothing else.
+
+- The kernel gets the FP8 caches themselves (no dequantized copy) and converts them exactly:
+  with power-of-two scales it is the bf16 paged kernel on the dequantized caches (the LSE bit
+  for bit in the interpreter).
+- Scales that are not 1 and of any sign (k_scale joins sm_scale, whose sign _positive_scale
+  handles; v_scale only multiplies the output).
+- Cache views: FlashInfer's combined K/V cache, and a page stride that is a multiple of 16
+  bytes but not of 8 elements of a page (FP8's alignment is in bytes).
+- FP8 and bf16 plans never stand in for each other.
+"""
+
+import pytest
+import torch
+from test_triton_paged import DEVICE, HAS_CUDA, triton_module
+
+from prefill_bundle.testing import (
+    PagedCase,
+    build_solution,
+    check_outputs,
+    make_inputs,
+    poisoned_outputs,
+    reference_outputs,
+)
+
+FP8 = torch.float8_e4m3fn
+CASE = PagedCase((9, 3), (70, 3), 64, fp8_scales=(2.0, 0.5))  # bf16; a full and a partial page
+SMALL = PagedCase((9, 3), (70, 3), 64, torch.float16, fp8_scales=(1.0, 1.0))
+
+
+def with_scales(inputs, k_scale, v_scale, sm_scale) -> list:
+    return inputs[:7] + [k_scale, v_scale, sm_scale]
+
+
+def run_fp8(inputs) -> list:
+    outputs = poisoned_outputs(SMALL, inputs)
+    triton_module().run_paged_ps64_fp8kv(*inputs, *outputs)
+    return outputs
+
+
+def test_fp8_is_the_bf16_kernel_on_dequantized_caches(monkeypatch):
+    """The launch gets the FP8 caches (not a copy); e4m3 -> bf16 is exact and power-of-two scales
+    are too, so the bf16 kernel on k_cache * 2, v_cache * 0.5 (in bf16) computes the same
+    logits: the same LSE, and an output that differs only by where v_scale is applied."""
+    module = triton_module()
+    inputs = make_inputs(CASE, DEVICE, seed=21)
+    k_cache, v_cache = inputs[1:3]
+    launched = []
+    launch = module._launch
+    monkeypatch.setattr(module, "_launch", lambda *a: launched.append(a[3]) or launch(*a))
+    fp8 = poisoned_outputs(CASE, inputs)
+    module.run_paged_ps64_fp8kv(*inputs, *fp8)
+    (args,) = launched
+    assert args[1] is k_cache and args[2] is v_cache and args[1].dtype == FP8
+    dequantized = inputs[:1] + [k_cache.to(torch.bfloat16) * 2.0, v_cache.to(torch.bfloat16) * 0.5]
+    bf16 = poisoned_outputs(CASE, inputs)
+    module.run_paged_ps64(*dequantized, *inputs[3:7], inputs[-1], *bf16)
+    check_outputs(fp8, bf16)
+    if not HAS_CUDA:  # the same logits in the same order
+        assert torch.equal(fp8[1], bf16[1])
+    check_outputs(fp8, reference_outputs(CASE, inputs))
+
+
+@pytest.mark.parametrize(
+    "k_scale, v_scale, sm_scale",
+    [(2.0, 0.25, -0.3), (-1.5, -3.0, 0.2), (0.0, 1.0, 0.1), (1 / 64, 4.0, 1.0)],
+    ids=["negative_sm_scale", "negative_k_and_v_scale", "zero_k_scale", "small_k_large_v"],
+)
+def test_scales(k_scale, v_scale, sm_scale):
+    """sm_scale * k_scale <= 0 takes _positive_scale; v_scale scales the output, not the LSE."""
+    inputs = with_scales(make_inputs(SMALL, DEVICE, seed=22), k_scale, v_scale, sm_scale)
+    check_outputs(run_fp8(inputs), reference_outputs(SMALL, inputs))
+
+
+@pytest.mark.parametrize("layout", ["kv_interleaved", "page_plus_16_bytes"])
+def test_cache_views_with_page_strides(layout):
+    inputs = make_inputs(SMALL, DEVICE, seed=23)
+    k_cache, v_cache = inputs[1:3]
+    if layout == "kv_interleaved":  # [num_pages, 2, 64, 8, 128]: a page stride of two pages
+        buffer = torch.stack([k_cache.view(torch.uint8), v_cache.view(torch.uint8)], 1)
+        views = [buffer[:, 0].view(FP8), buffer[:, 1].view(FP8)]
+    else:  # 16 bytes between pages: 16 FP8 elements, which bf16's 8-element rule would not have
+        page = k_cache[0].numel()
+        views = []
+        for cache in (k_cache, v_cache):
+            flat = torch.full((cache.shape[0], page + 16), float("nan"), device=DEVICE).to(FP8)
+            flat[:, :page] = cache.flatten(1)
+            views.append(flat.as_strided(cache.shape, (page + 16,) + cache.stride()[1:]))
+    assert views[0].stride(0) != k_cache[0].numel() and views[0].dtype == FP8
+    assert all(torch.equal(a.float().nan_to_num(), b.float().nan_to_num())
+               for a, b in zip(views, (k_cache, v_cache)))  # fmt: skip
+    strided = inputs[:1] + views + inputs[3:]
+    check_outputs(run_fp8(strided), reference_outputs(SMALL, inputs))
+
+
+def test_fp8_and_bf16_plans_stay_apart():
+    """One shape, both definitions: each entry checks its own cache dtype however the other
+    was called (the plan caches are apart; the key has the cache dtype as well)."""
+    module = triton_module()
+    inputs = make_inputs(SMALL, DEVICE, seed=24)
+    half = [x.to(SMALL.dtype) for x in inputs[1:3]]
+    module._fp8_plans.clear()
+    module._paged_plans[64].clear()
+    run_fp8(inputs)
+    outputs = poisoned_outputs(SMALL, inputs)
+    with pytest.raises(ValueError, match="k_cache"):  # an FP8 cache to the bf16/fp16 entry
+        module.run_paged_ps64(*inputs[:7], inputs[-1], *outputs)
+    module.run_paged_ps64(inputs[0], *half, *inputs[3:7], inputs[-1], *outputs)
+    with pytest.raises(ValueError, match="k_cache"):  # a half cache to the FP8 entry
+        module.run_paged_ps64_fp8kv(inputs[0], *half, *inputs[3:], *outputs)
+    assert len(module._fp8_plans) == 1 and len(module._paged_plans[64]) == 1
+
+
+@pytest.mark.parametrize("name, value", [("k_scale", float("nan")), ("v_scale", float("inf")),
+                                         ("k_scale", True), ("v_scale", None)])  # fmt: skip
+def test_bad_scales_are_named(name, value):
+    inputs = make_inputs(SMALL, DEVICE, seed=25)
+    inputs[7 if name == "k_scale" else 8] = value
+    with pytest.raises(ValueError, match=name):
+        run_fp8(inputs)
+
+
+def test_packed_solution_is_the_fp8_entry():
+    runnable = build_solution("triton_fp8kv")
+    inputs = make_inputs(SMALL, DEVICE, seed=26)
+    outputs = poisoned_outputs(SMALL, inputs)
+    runnable(*inputs, *outputs)
+    check_outputs(outputs, reference_outputs(SMALL, inputs))

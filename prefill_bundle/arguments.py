@@ -156,7 +156,16 @@ def check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:
 
 
 def check_paged_shapes(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse, page_size,
+    q,
+    k_cache,
+    v_cache,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    kv_last_page_len,
+    output,
+    lse,
+    page_size,
     cache_dtype=None,
 ) -> tuple:
     """Shapes and dtypes of a paged definition (once per shape): (batch, total_q, num_pages,
@@ -169,8 +178,8 @@ def check_paged_shapes(
     )  # fmt: skip
     total_q = q.shape[0]
     cache = (None, page_size, NUM_KV_HEADS, HEAD_DIM)
-    dtype = "q's dtype" if cache_dtype is None else _dtype_name(cache_dtype)
-    what = f"[num_pages, {page_size}, {NUM_KV_HEADS}, {HEAD_DIM}] ({dtype})"
+    what = f"[num_pages, {page_size}, {NUM_KV_HEADS}, {HEAD_DIM}]"
+    what += " (q's dtype)" if cache_dtype is None else ""
     cache_dtype = q.dtype if cache_dtype is None else cache_dtype
     _expect_tensor(k_cache, "k_cache", cache_dtype, cache, what)
     _expect_tensor(v_cache, "v_cache", cache_dtype, cache, what)
@@ -219,7 +228,7 @@ def fold_kv_scales(sm_scale, k_scale, v_scale) -> tuple:
     k_scale = check_sm_scale(k_scale, "k_scale")
     v_scale = check_sm_scale(v_scale, "v_scale")
     scale = sm_scale * k_scale
-    expect(math.isfinite(scale), "k_scale", f"a finite product with sm_scale = {sm_scale}",
+    expect(math.isfinite(scale), "k_scale", "a finite float whose product with sm_scale is finite",
            k_scale)  # fmt: skip
     return scale, v_scale
 

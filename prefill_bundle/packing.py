@@ -351,7 +351,7 @@ SOLUTIONS += [
     ),
 ]
 
-# FP8 (e4m3) paged caches: baselines only so far.
+# FP8 (e4m3) paged caches (page size 64): the paged kernels with an FP8 K/V loader.
 SOLUTIONS += [
     SolutionSpec(
         name="flashinfer_fp8kv",
@@ -377,6 +377,22 @@ SOLUTIONS += [
         "FlashAttention kernel behind torch SDPA.",
         author=BASELINE_AUTHOR,
         destination_passing_style=False,
+    ),
+]
+
+
+SOLUTIONS += [
+    SolutionSpec(
+        name="triton_fp8kv",
+        definition=PAGED_FP8,
+        backend="triton",
+        language="triton",
+        entry_point="triton_prefill.py::run_paged_ps64_fp8kv",
+        sources=TRITON_SOURCES,
+        shared_sources=("arguments.py",),
+        description="Triton flash attention forward over an FP8 (e4m3) paged cache: K/V tiles "
+        "loaded as FP8 and converted to the query's dtype on chip for the tensor-core products; "
+        "k_scale folded into the softmax scale, v_scale into the epilogue.",
     ),
 ]
 

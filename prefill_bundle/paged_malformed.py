@@ -1,7 +1,8 @@
 """Malformed paged batches (the input contract: README, "Malformed batches"), shared by
 tests/test_malformed.py and scripts/sanitize_malformed.py.
 
-Three sequences over a cache of 12 pages of 64 (or 140 pages of 1). A sequence whose indptr
+Three sequences over a cache of 12 pages of 64 (or 140 pages of 1); the FP8 definition's
+batches are page size 64's with float8_e4m3fn caches. A sequence whose indptr
 entries break the ragged rule (testing.well_formed_sequences, kv_indptr over kv_indices) or,
 page size 64, whose last-page length is outside [1, 64] comes back NaN; a page id outside
 [0, num_pages) turns NaN every row that sees a key on it, and the sequence's other rows may be
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, PAGED_PS1, PAGED_PS64
+from . import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, PAGED_FP8, PAGED_PS1, PAGED_PS64
 from .testing import INT32_MAX, INT32_MIN, check_outputs, reference, well_formed_sequences
 
 Q_INDPTR = (0, 20, 50, 100)  # 20, 30 and 50 query rows
@@ -35,14 +36,17 @@ class MalformedPagedBatch:
     kv_indices: tuple | None = None
     kv_last_page_len: tuple | None = None
     dtype: torch.dtype = torch.bfloat16
+    fp8: bool = False  # float8_e4m3fn caches with k_scale, v_scale (page size 64)
 
     @property
     def definition(self) -> str:
+        if self.fp8:
+            return PAGED_FP8
         return PAGED_PS1 if self.page_size == 1 else PAGED_PS64
 
     @property
     def id(self) -> str:
-        return f"{self.name}_ps{self.page_size}"
+        return f"{self.name}_{'fp8kv' if self.fp8 else f'ps{self.page_size}'}"
 
     @property
     def num_pages(self) -> int:
@@ -58,13 +62,13 @@ def _with(ids: tuple, position: int, value: int) -> tuple:
     return ids[:position] + (value,) + ids[position + 1 :]
 
 
-def _batches(page_size: int) -> list:
+def _batches(page_size: int, fp8: bool = False) -> list:
     base = PS1 if page_size == 1 else PS64
     ids, starts = base["kv_indices"], base["kv_indptr"]
     pages = 140 if page_size == 1 else 12
 
     def batch(name, **changes):
-        return MalformedPagedBatch(name, page_size, **changes)
+        return MalformedPagedBatch(name, page_size, fp8=fp8, **changes)
 
     batches = [
         batch("valid"),
@@ -92,6 +96,8 @@ def _batches(page_size: int) -> list:
 
 
 MALFORMED_PAGED_BATCHES = _batches(64) + _batches(1)
+MALFORMED_FP8_BATCHES = _batches(64, fp8=True)
+FP8_SCALES = (0.5, 1.25)  # k_scale, v_scale of the FP8 batches
 
 
 def malformed_paged_inputs(batch: MalformedPagedBatch, device, seed: int = 0) -> list:
@@ -103,9 +109,11 @@ def malformed_paged_inputs(batch: MalformedPagedBatch, device, seed: int = 0) ->
     kv_indptr, kv_indices, last = batch.table()
     cache = (batch.num_pages, batch.page_size, NUM_KV_HEADS, HEAD_DIM)
     inputs = [randn(Q_INDPTR[-1], NUM_HEADS, HEAD_DIM), randn(*cache), randn(*cache)]
+    if batch.fp8:
+        inputs[1:3] = [x.to(torch.float8_e4m3fn) for x in inputs[1:3]]
     for values in (batch.qo_indptr, kv_indptr, kv_indices) + ((last,) if last else ()):
         inputs.append(torch.tensor(values, dtype=torch.int32, device=device))
-    return inputs + [1.0 / math.sqrt(HEAD_DIM)]
+    return inputs + list(FP8_SCALES if batch.fp8 else ()) + [1.0 / math.sqrt(HEAD_DIM)]
 
 
 def malformed_paged_expected(batch: MalformedPagedBatch, inputs) -> tuple:
@@ -113,6 +121,7 @@ def malformed_paged_expected(batch: MalformedPagedBatch, inputs) -> tuple:
     NaN elsewhere; `either` marks rows that may be NaN or computed (rows of a sequence with an
     out-of-range page id that see no key on it)."""
     q, k_cache, v_cache = inputs[:3]
+    scalars = inputs[-3:] if batch.fp8 else inputs[-1:]  # (k_scale, v_scale,) sm_scale
     kv_indptr, kv_indices, last = batch.table()
     qo, ps = batch.qo_indptr, batch.page_size
     output = torch.full_like(q, float("nan"))
@@ -137,7 +146,7 @@ def malformed_paged_expected(batch: MalformedPagedBatch, inputs) -> tuple:
             ),
         ] + ([torch.tensor([last_len], dtype=torch.int32, device=device)] if last else [])
         rows = slice(qo[s], qo[s + 1])
-        output[rows], lse[rows] = reference(batch.definition)(*one, inputs[-1])  # fmt: skip
+        output[rows], lse[rows] = reference(batch.definition)(*one, *scalars)
         for i in range(seq_q):  # row i sees keys 0 .. i + seq_kv - seq_q
             last_key = i + seq_kv - seq_q
             if bad and last_key >= 0 and min(bad) * ps <= last_key:

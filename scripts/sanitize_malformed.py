@@ -1,7 +1,8 @@
 """Every backend's ragged and paged solutions under compute-sanitizer memcheck on the fixed lists
 of malformed batches (prefill_bundle.testing.MALFORMED_BATCHES plus a valid batch;
 the same with a sliding window for the window solutions;
-prefill_bundle.paged_malformed.MALFORMED_PAGED_BATCHES, a valid one first), printing one
+prefill_bundle.paged_malformed.MALFORMED_PAGED_BATCHES, a valid one first, and its page-size-64
+batches over FP8 caches for the _fp8kv solutions), printing one
 line per case: the solution, the batch, and whether the NaN rows and the well-formed rows are
 what the contract says. memcheck itself reports any access outside an allocation.
 
@@ -16,9 +17,10 @@ from dataclasses import replace
 
 import torch
 
-from prefill_bundle import PAGE_SIZES, RAGGED, SWA
+from prefill_bundle import PAGE_SIZES, PAGED_FP8, RAGGED, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.paged_malformed import (
+    MALFORMED_FP8_BATCHES,
     MALFORMED_PAGED_BATCHES,
     check_malformed_paged_outputs,
     malformed_paged_expected,
@@ -35,7 +37,7 @@ from prefill_bundle.testing import (
 )
 
 VALID = MalformedBatch("valid_partition", (0, 30, 70, 100), (0, 40, 80, 120))
-DEFINITIONS = (RAGGED, SWA, *PAGE_SIZES)
+DEFINITIONS = (RAGGED, SWA, *PAGE_SIZES, PAGED_FP8)
 OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author != BASELINE_AUTHOR]
 
 parser = argparse.ArgumentParser()
@@ -44,9 +46,12 @@ names = parser.parse_args().solutions
 failures = cases = 0
 for name in names:
     run = build_solution(name)
-    if "_paged_" in name:
-        page_size = int(name.rsplit("_ps", 1)[1])
-        batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == page_size]
+    if "_paged_" in name or name.endswith("_fp8kv"):
+        if name.endswith("_fp8kv"):
+            batches = MALFORMED_FP8_BATCHES
+        else:
+            page_size = int(name.rsplit("_ps", 1)[1])
+            batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == page_size]
         inputs_of, expected_of = malformed_paged_inputs, malformed_paged_expected
         check = check_malformed_paged_outputs
     elif name.endswith("_swa"):

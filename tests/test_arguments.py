@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from prefill_bundle import arguments
+from prefill_bundle.packing import SOLUTIONS
 from prefill_bundle.testing import build_solution
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
 BACKENDS = ("triton", "cuda", "tilelang")
+SOLUTION_NAMES = {spec.name for spec in SOLUTIONS}
 
 
 def tensor(*shape, dtype=F16):
@@ -204,6 +206,43 @@ PAGED_PARAMS = [
     for page_size in sizes
 ]
 
+FP8 = arguments.FP8_DTYPE
+
+
+FP8_NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
+             "kv_last_page_len", "k_scale", "v_scale", "sm_scale", "output", "lse")  # fmt: skip
+
+
+def fp8_args(**changes):
+    """The page-size-64 arguments with float8_e4m3fn caches and k_scale, v_scale before sm_scale."""
+    base = paged_args(64, k_cache=_cache(64, dtype=FP8), v_cache=_cache(64, dtype=FP8))
+    args = dict(zip(FP8_NAMES, base[:7] + [0.5, 1.25] + base[7:]))
+    return list({**args, **changes}.values())
+
+
+def _fp8_page_stride(elements):
+    """An FP8 cache whose pages lie `elements` apart (a page is 65536 elements)."""
+    return tensor(5 * elements, dtype=FP8).as_strided((5, 64, 8, 128), (elements, 1024, 128, 1))
+
+
+# name: (argument, changes): the FP8 definition's own rules (the rest are page size 64's)
+FP8_ERRORS = {
+    "k_cache_bfloat16": ("k_cache", dict(k_cache=_cache(64))),
+    "v_cache_float16": ("v_cache", dict(v_cache=_cache(64, dtype=F16))),
+    "k_cache_e5m2": ("k_cache", dict(k_cache=_cache(64, dtype=torch.float8_e5m2))),
+    "q_fp8": ("q", dict(q=tensor(4, 32, 128, dtype=FP8))),
+    "output_fp8": ("output", dict(output=tensor(4, 32, 128, dtype=FP8))),
+    "k_scale_nan": ("k_scale", dict(k_scale=float("nan"))),
+    "k_scale_string": ("k_scale", dict(k_scale="0.5")),
+    "k_scale_bool": ("k_scale", dict(k_scale=True)),
+    "v_scale_inf": ("v_scale", dict(v_scale=float("inf"))),
+    "v_scale_none": ("v_scale", dict(v_scale=None)),
+    "k_scale_times_sm_scale_overflows": ("k_scale", dict(k_scale=1e300, sm_scale=1e300)),
+    "sm_scale_nan": ("sm_scale", dict(sm_scale=float("nan"))),
+    # 8 FP8 elements are 8 bytes: TMA and vector loads need 16
+    "v_cache_page_stride_8_bytes": ("v_cache", dict(v_cache=_fp8_page_stride(65536 + 8))),
+}
+
 SWA_ERRORS = {
     "window_left_below_minus_1": -2,
     "window_left_float": 1.5,
@@ -222,6 +261,12 @@ def contract_message(definition: str, args: list) -> str:
             arguments.check_causal(causal)
             arguments.check_padded_shapes(q, k, v, out)
             arguments.check_layout(arguments.PADDED_NAMES, (q, k, v, out), interpreted=True)
+        elif definition == "fp8kv":
+            q, kc, vc, qo, kv, ids, last, k_scale, v_scale, sm_scale, output, lse = args
+            arguments.fold_kv_scales(sm_scale, k_scale, v_scale)
+            tensors = (q, kc, vc, qo, kv, ids, last, output, lse)
+            arguments.check_paged_shapes(*tensors, 64, cache_dtype=FP8)
+            arguments.check_layout(arguments.PAGED_PS64_NAMES, tensors, interpreted=True)
         elif definition.startswith("paged"):
             page_size = int(definition.removeprefix("paged_ps"))
             if page_size == 1:
@@ -277,6 +322,18 @@ def test_ragged_errors(backend, argument, changes):
 def test_paged_errors(backend, argument, page_size, changes):
     assert_rejected(backend, f"paged_ps{page_size}", paged_args(page_size, **changes(page_size)),
                     argument)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if f"{b}_fp8kv" in SOLUTION_NAMES])
+@pytest.mark.parametrize("argument, changes", FP8_ERRORS.values(), ids=FP8_ERRORS.keys())
+def test_fp8_cache_errors(backend, argument, changes):
+    assert_rejected(backend, "fp8kv", fp8_args(**changes), argument)
+
+
+def test_fp8_arguments_are_valid():
+    """The table's base arguments pass the contract (each case's one change is its fault)."""
+    with pytest.raises(AssertionError, match="accepts"):
+        contract_message("fp8kv", fp8_args())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -11,9 +11,10 @@ scripts/sanitize_malformed.py runs the same list under compute-sanitizer memchec
 import pytest
 import torch
 
-from prefill_bundle import PAGE_SIZES, RAGGED, SWA
+from prefill_bundle import PAGE_SIZES, PAGED_FP8, RAGGED, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.paged_malformed import (
+    MALFORMED_FP8_BATCHES,
     MALFORMED_PAGED_BATCHES,
     check_malformed_paged_outputs,
     malformed_paged_expected,
@@ -110,6 +111,19 @@ def paged_cases():
 def test_malformed_paged_batch(solution, batch):
     """Page ids, page offsets and last-page lengths out of range; q and the caches inside NaN
     guard buffers (a page id read outside the cache would turn a computed row NaN)."""
+    inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    check_malformed_paged_outputs(run_guarded(solution, inputs), expected)
+
+
+# Under the interpreter every other batch (CI's time budget); on a GPU all of them.
+FP8_BATCHES = MALFORMED_FP8_BATCHES if HAS_CUDA else MALFORMED_FP8_BATCHES[::2]
+
+
+@pytest.mark.parametrize("solution", solutions((PAGED_FP8,)))
+@pytest.mark.parametrize("batch", FP8_BATCHES, ids=lambda b: b.id)
+def test_malformed_fp8_batch(solution, batch):
+    """The page-size-64 batches over float8_e4m3fn caches (NaN guards of e4m3's NaN)."""
     inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
     expected = malformed_paged_expected(batch, inputs)
     check_malformed_paged_outputs(run_guarded(solution, inputs), expected)

@@ -34,6 +34,7 @@
 //   kv_contiguous.cuh    K/V source ContiguousKv (k, v tensors): the interface both kernels
 //                        load K/V through, its portable RowLoader and Hopper TileLoader
 //   kv_paged.cuh         K/V source PagedKv<page size> (paged caches, kv_indices)
+//   kv_paged_fp8.cuh     K/V source PagedFp8Kv (FP8 e4m3 caches, page size 64) and its kernels
 //   kernel_portable.cuh  gqa_prefill_kernel, gqa_prefill_paged_kernel
 //   kernel_hopper.cuh    gqa_prefill_wgmma_kernel, gqa_prefill_paged_wgmma_kernel
 #pragma once
@@ -49,3 +50,4 @@
 #include "kv_paged.cuh"
 #include "kernel_portable.cuh"
 #include "kernel_hopper.cuh"
+#include "kv_paged_fp8.cuh"

@@ -100,18 +100,22 @@ void check_ragged_shapes(const Arg& q, const Arg& k, const Arg& v, const Arg& qo
                 [&] { return "[" + std::to_string(total_q) + ", 32]"; });
 }
 
-// arguments.check_paged_shapes; kv_last_page_len is nullptr for page size 1.
+// arguments.check_paged_shapes; kv_last_page_len is nullptr for page size 1; cache_dtype the
+// caches' dtype where it is not q's (float8_e4m3fn for the FP8 definition), else nullptr.
 void check_paged_shapes(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& qo_indptr,
                         const Arg& kv_indptr, const Arg& kv_indices, const Arg* kv_last_page_len,
-                        const Arg& output, const Arg& lse, int page_size) {
+                        const Arg& output, const Arg& lse, int page_size,
+                        const DLDataType* cache_dtype = nullptr) {
   if (!(q.tensor && is_half(*q) && shape_is(*q, {-1, kNumHeads, kHeadDim}))) {
     fail("q", "bfloat16 or float16 [total_q, 32, 128]", describe(q.value));
   }
   const int64_t total_q = q->size(0);
   for (const Arg* x : {&k_cache, &v_cache}) {
-    expect_tensor(*x, q->dtype(), {-1, page_size, kNumKvHeads, kHeadDim}, [&] {
-      return "[num_pages, " + std::to_string(page_size) + ", 8, 128] (q's dtype)";
-    });
+    expect_tensor(*x, cache_dtype ? *cache_dtype : q->dtype(),
+                  {-1, page_size, kNumKvHeads, kHeadDim}, [&] {
+                    return "[num_pages, " + std::to_string(page_size) + ", 8, 128] (" +
+                           (cache_dtype ? dtype_name(*cache_dtype) : "q's dtype") + ")";
+                  });
   }
   expect_same_shape(v_cache, k_cache);
   constexpr DLDataType kInt32{kDLInt, 32, 1};
@@ -201,11 +205,25 @@ int64_t check_window_left(const AnyView& window_left) {
 }
 
 // arguments.check_sm_scale: a finite float or int (not bool).
-double check_sm_scale(const AnyView& sm_scale) {
+double check_sm_scale(const AnyView& sm_scale, const char* name = "sm_scale") {
   std::optional<double> value = sm_scale.as<double>();
   if (auto i = sm_scale.as<int64_t>()) value = static_cast<double>(*i);
-  if (!value || !std::isfinite(*value)) fail("sm_scale", "a finite float", describe(sm_scale));
+  if (!value || !std::isfinite(*value)) fail(name, "a finite float", describe(sm_scale));
   return *value;
+}
+
+// arguments.fold_kv_scales (FP8 caches): {sm_scale * k_scale, v_scale}, each scale finite.
+std::pair<double, double> fold_kv_scales(const AnyView& sm_scale_arg, const AnyView& k_scale_arg,
+                                         const AnyView& v_scale_arg) {
+  const double sm_scale = check_sm_scale(sm_scale_arg);
+  const double k_scale = check_sm_scale(k_scale_arg, "k_scale");
+  const double v_scale = check_sm_scale(v_scale_arg, "v_scale");
+  const double scale = sm_scale * k_scale;
+  if (!std::isfinite(scale)) {
+    fail("k_scale", "a finite product with sm_scale = " + float_repr(sm_scale),
+         "float " + float_repr(k_scale));
+  }
+  return {scale, v_scale};
 }
 
 // arguments.token_stride: elements between consecutive tokens (padded: batch and seq flattened).
@@ -230,7 +248,8 @@ bool strides_ok(const TensorView& t) {
 }
 
 // arguments.cache_strides_ok: dense within a page (torch's is_contiguous of the first page: dims
-// of extent 1 ignored), a page stride that is a multiple of 8 elements and at least one page.
+// of extent 1 ignored), a page stride that is a multiple of 16 bytes (8 elements of a 16-bit
+// dtype, 16 of FP8) and at least one page.
 bool cache_strides_ok(const TensorView& t) {
   int64_t expected = 1;
   for (int dim = 3; dim >= 1 && t.size(0) > 0; --dim) {
@@ -238,7 +257,8 @@ bool cache_strides_ok(const TensorView& t) {
     expected *= t.size(dim);
   }
   const int64_t page = t.size(1) * t.size(2) * t.size(3);
-  return t.size(0) <= 1 || (t.stride(0) % kAlignElements == 0 && t.stride(0) >= page);
+  const int64_t bytes = t.dtype().bits / 8;
+  return t.size(0) <= 1 || (t.stride(0) * bytes % kAlignBytes == 0 && t.stride(0) >= page);
 }
 
 const char* address(const TensorView& t) {
@@ -299,8 +319,9 @@ void check_paged_layout(std::initializer_list<const Arg*> args) {
   for (int i = 1; i < 3; ++i) {
     if (!cache_strides_ok(**x[i])) {
       fail(x[i]->name,
-           "pages dense inside and a page stride that is a multiple of 8 elements and at least "
-           "one page",
+           "pages dense inside and a page stride that is a multiple of " +
+               std::to_string(kAlignBytes / ((*x[i])->dtype().bits / 8)) +
+               " elements and at least one page",
            describe(**x[i]) + " with strides " + int_list((*x[i])->strides().data(), 4));
     }
   }

@@ -39,7 +39,8 @@ using tvm::ffi::TensorView;
 using namespace gqa_prefill;
 
 constexpr double kLog2E = 1.4426950408889634;  // 1 / ln(2)
-constexpr int64_t kAlignElements = 8;  // 16 bytes: the kernels' vector and TMA loads
+constexpr int64_t kAlignBytes = 16;    // the kernels' vector and TMA loads
+constexpr int64_t kAlignElements = 8;  // 16 bytes of a 16-bit dtype
 
 // ---- describe(): what arguments.describe writes --------------------------------------------
 

@@ -71,20 +71,25 @@ CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int
 // A 4-D view (dim 128, kv head 8, row in page 64, page) of a paged cache [num_pages, 64, 8, 128],
 // pages page_stride elements apart, read in boxes of (64, 1, 64, 1): one page's 64 rows of one
 // head and 64 columns. Pages outside [0, num_pages) read as zeros; with no page at all, `data`
-// is a stand-in (q) and the kernel addresses no page.
-CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int64_t page_stride) {
+// is a stand-in (q) and the kernel addresses no page. An FP8 cache (fp8): bytes, boxes of
+// (128, 1, 64, 1) (a row of 128 bytes), unswizzled: the FP8 loader's staging layout.
+CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int64_t page_stride,
+                            bool fp8 = false) {
   constexpr int kPageSize = 64;
   CUtensorMap map;
+  const cuuint64_t bytes = fp8 ? 1 : 2;
   const cuuint64_t dims[4] = {kHeadDim, kNumKvHeads, kPageSize,
                               cuuint64_t(std::max<int64_t>(num_pages, 1))};
-  const cuuint64_t strides[3] = {kHeadDim * 2, kNumKvHeads * kHeadDim * 2,
-                                 cuuint64_t(page_stride) * 2};  // bytes
-  const cuuint32_t box[4] = {64, 1, kPageSize, 1};
+  const cuuint64_t strides[3] = {kHeadDim * bytes, kNumKvHeads * kHeadDim * bytes,
+                                 cuuint64_t(page_stride) * bytes};  // bytes
+  const cuuint32_t box[4] = {fp8 ? cuuint32_t(kHeadDim) : 64, 1, kPageSize, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = fp8    ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result = encode_tiled()(
-      &map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      &map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: cuTensorMapEncodeTiled failed ("
@@ -234,12 +239,26 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
 // reads pages through 4-D descriptors of the caches; page size 1 gathers rows (no descriptor).
 // Descriptors are encoded on every call, as for the ragged kernel: the caches move between
 // calls (flashinfer-bench clones every argument), so a descriptor kept by shape would be stale.
-template <typename T, int kPageSize>
+// kFp8: FP8 caches (page size 64; kv_paged_fp8.cuh's kernels, FP8 page maps).
+template <typename T, int kPageSize, bool kFp8 = false>
 void launch_paged(const Params& params, const PageTable& pages, int64_t num_slots,
                   int64_t q_rows, int64_t num_pages, const DLDevice& device) {
-  auto* portable = gqa_prefill_paged_kernel<T, kPageSize>;
-  auto* hopper = gqa_prefill_paged_wgmma_kernel<T, kPageSize>;
-  constexpr size_t kHopperSmem = HopperSmem<true>::kBytes;
+  static_assert(!kFp8 || kPageSize == 64, "FP8 caches have pages of 64");
+  auto* portable = [] {
+    if constexpr (kFp8) {
+      return gqa_prefill_paged_fp8_kernel<T>;
+    } else {
+      return gqa_prefill_paged_kernel<T, kPageSize>;
+    }
+  }();
+  auto* hopper = [] {
+    if constexpr (kFp8) {
+      return gqa_prefill_paged_fp8_wgmma_kernel<T>;
+    } else {
+      return gqa_prefill_paged_wgmma_kernel<T, kPageSize>;
+    }
+  }();
+  constexpr size_t kHopperSmem = kFp8 ? Fp8Smem::kBytes : HopperSmem<true>::kBytes;
   static Path chosen[64] = {};
   const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
                                 device.device_id, chosen);
@@ -255,8 +274,8 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
                           kTokensPerTile);
     if constexpr (kPageSize == 64) {
-      hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride);
-      hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride);
+      hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8);
+      hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
     }
     launch.pages = pages;
     num_ctas = hopper_schedule<true>(hp, num_items, device, stream);
@@ -265,7 +284,8 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     const PagedParams launch{params, pages};
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(launch);
   }
-  check_launch(path, "gqa_prefill_paged_wgmma_kernel", "gqa_prefill_paged_kernel", num_ctas);
+  check_launch(path, kFp8 ? "gqa_prefill_paged_fp8_wgmma_kernel" : "gqa_prefill_paged_wgmma_kernel",
+               kFp8 ? "gqa_prefill_paged_fp8_kernel" : "gqa_prefill_paged_kernel", num_ctas);
 }
 
 // The kernels take token strides in 32 bits.

@@ -25,6 +25,17 @@ __device__ __forceinline__ void poison_rows(float (&acc)[kDB][4], float (&row_ma
   }
 }
 
+// A K/V source with scaled values (FP8 caches: V = v_cache x v_scale) scales O by its factor
+// before the epilogue; lse is not affected.
+template <int kDB>
+__device__ __forceinline__ void scale_output(float (&acc)[kDB][4], float factor) {
+#pragma unroll
+  for (int db = 0; db < kDB; ++db) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[db][j] *= factor;
+  }
+}
+
 // Epilogue, first half: normalizes the lane's two rows (16 warp + group + 8 h of the tile),
 // writes their lse and hands each packed pair of outputs (row, n8 block db) to `stage`, which
 // puts it where the second half (copy_rows_out) reads it.

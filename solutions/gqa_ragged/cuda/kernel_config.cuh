@@ -63,6 +63,7 @@ struct PageTable {
   const int* kv_indices;     // page ids
   const int* last_page_len;  // [batch] keys on each sequence's last page; nullptr for page size 1
   int num_pages;             // ids outside [0, num_pages) are never dereferenced
+  float v_scale;             // FP8 caches only (PagedFp8Kv): the output's factor (real V / cache)
   int64_t k_page_stride;     // elements from one page of k_cache to the next
   int64_t v_page_stride;
 };

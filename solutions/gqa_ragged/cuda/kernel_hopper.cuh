@@ -350,6 +350,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     if constexpr (Kv::kMayPoison) {
       if (poisoned || t.seq_kv < 0) poison_rows(acc, row_max, row_sum);
     }
+    if constexpr (Kv::kScalesOutput) scale_output(acc, args.v_scale);
 
     // Epilogue: each warpgroup stages its own 64 rows (swizzled, conflict-free) and writes
     // them out; the barriers keep its threads from overwriting rows still being read.

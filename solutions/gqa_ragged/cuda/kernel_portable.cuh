@@ -181,6 +181,7 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
       poison_rows(acc, row_max, row_sum);
     }
   }
+  if constexpr (Kv::kScalesOutput) scale_output(acc, args.v_scale);
   // Epilogue: stage each warp's 16 rows in its own rows of sQ (only this warp ever reads
   // them, and it is past its last read).
   write_output<T>(p, t, kv_head, acc, row_max, row_sum, sQ, warp, lane);

@@ -27,6 +27,7 @@ struct ContiguousKv {
   struct Args {};
   static constexpr bool kRagged = kRaggedBatch;
   static constexpr bool kMayPoison = false;
+  static constexpr bool kScalesOutput = false;  // the output is P V / l as it is
 
   template <bool kCausal>
   __device__ __forceinline__ static bool locate(const Params& p, const Args&, int slot,

@@ -256,6 +256,7 @@ struct PagedKv {
   using Args = PageTable;
   static constexpr bool kRagged = true;
   static constexpr bool kMayPoison = true;
+  static constexpr bool kScalesOutput = false;  // the output is P V / l as it is
 
   template <bool kCausal>
   __device__ __forceinline__ static bool locate(const Params& p, const PageTable& pages, int slot,

@@ -10,6 +10,9 @@
 //                  sm_scale, output, lse)                          gqa_paged_prefill_..._ps64
 //   run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse)
 //                                                                  gqa_paged_prefill_..._ps1
+//   run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+//                        k_scale, v_scale, sm_scale, output, lse)
+//                                                 gqa_paged_prefill_causal_fp8kv_..._ps64
 //
 // The argument contract and its error messages are prefill_bundle/arguments.py's, reproduced
 // here byte for byte (every error a ValueError "<argument>: expected <what>, got <what>"): q, k,
@@ -20,7 +23,9 @@
 // portable one (see launch()). Indptr values are read on the device only
 // (the kernels cope with malformed ones), unless PREFILL_BUNDLE_VALIDATE=1; so are page ids and
 // last-page lengths. The caches k_cache / v_cache [num_pages, page_size, 8, 128] are dense
-// within a page, pages any multiple of 8 elements (and at least a page) apart.
+// within a page, pages any multiple of 16 bytes (and at least a page) apart; FP8 caches
+// (float8_e4m3fn) come with k_scale and v_scale, finite reals: k_scale joins the softmax scale,
+// v_scale multiplies the output (arguments.fold_kv_scales).
 //
 // The host code, in reading order: entry_describe.cuh (error-message text), entry_checks.cuh
 // (the contract's checks), entry_launch.cuh (kernel choice and launch), then the entry points
@@ -127,14 +132,22 @@ void run_ragged_swa(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView qo_indp
   run_ragged_batch(q, k, v, qo_indptr, kv_indptr, &window_left_arg, sm_scale_arg, output, lse);
 }
 
-// Both paged definitions; kv_last_page_len is nullptr for page size 1 (every page full).
-template <int kPageSize>
+// The paged definitions; kv_last_page_len is nullptr for page size 1 (every page full).
+// kFp8: FP8 caches, kv_scales their k_scale and v_scale.
+template <int kPageSize, bool kFp8 = false>
 void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& qo_indptr,
                const Arg& kv_indptr, const Arg& kv_indices, const Arg* kv_last_page_len,
-               const AnyView& sm_scale_arg, const Arg& output, const Arg& lse) {
+               const AnyView& sm_scale_arg, const Arg& output, const Arg& lse,
+               const AnyView* kv_scales = nullptr) {
+  constexpr DLDataType kFp8Dtype{kDLFloat8_e4m3fn, 8, 1};
   check_paged_shapes(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                     output, lse, kPageSize);
-  const double sm_scale = check_sm_scale(sm_scale_arg);
+                     output, lse, kPageSize, kFp8 ? &kFp8Dtype : nullptr);
+  double sm_scale = 0.0, v_scale = 1.0;
+  if constexpr (kFp8) {
+    std::tie(sm_scale, v_scale) = fold_kv_scales(sm_scale_arg, kv_scales[0], kv_scales[1]);
+  } else {
+    sm_scale = check_sm_scale(sm_scale_arg);
+  }
   if (kv_last_page_len != nullptr) {
     check_paged_layout({&q, &k_cache, &v_cache, &qo_indptr, &kv_indptr, &kv_indices,
                         kv_last_page_len, &output, &lse});
@@ -181,6 +194,7 @@ void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& 
                             : nullptr;
   // Ids are int32: past 2^31 - 1 pages every id is in range anyway.
   pages.num_pages = static_cast<int>(std::min(num_pages, kMaxRows));
+  pages.v_scale = static_cast<float>(v_scale);
   // With one page (or none) no id addresses a second: its stride is any (cache_strides_ok).
   const int64_t page_elements = int64_t(kPageSize) * kNumKvHeads * kHeadDim;
   pages.k_page_stride = num_pages > 1 ? k_cache->stride(0) : page_elements;
@@ -189,9 +203,9 @@ void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& 
   const int64_t num_slots = total_q / kTokensPerTile + batch;
   check_grid(num_slots * kNumKvHeads);
   q->dtype().code == kDLBfloat
-      ? launch_paged<__nv_bfloat16, kPageSize>(params, pages, num_slots, total_q, num_pages,
-                                               device)
-      : launch_paged<half, kPageSize>(params, pages, num_slots, total_q, num_pages, device);
+      ? launch_paged<__nv_bfloat16, kPageSize, kFp8>(params, pages, num_slots, total_q,
+                                                     num_pages, device)
+      : launch_paged<half, kPageSize, kFp8>(params, pages, num_slots, total_q, num_pages, device);
 }
 
 void run_paged_ps64(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg,
@@ -217,8 +231,23 @@ void run_paged_ps1(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg, AnyV
                output, lse);
 }
 
+void run_paged_ps64_fp8kv(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_arg,
+                          AnyView qo_indptr_arg, AnyView kv_indptr_arg, AnyView kv_indices_arg,
+                          AnyView kv_last_page_len_arg, AnyView k_scale_arg, AnyView v_scale_arg,
+                          AnyView sm_scale_arg, AnyView output_arg, AnyView lse_arg) {
+  const Arg q("q", q_arg), k_cache("k_cache", k_cache_arg), v_cache("v_cache", v_cache_arg),
+      qo_indptr("qo_indptr", qo_indptr_arg), kv_indptr("kv_indptr", kv_indptr_arg),
+      kv_indices("kv_indices", kv_indices_arg),
+      kv_last_page_len("kv_last_page_len", kv_last_page_len_arg), output("output", output_arg),
+      lse("lse", lse_arg);
+  const AnyView kv_scales[2] = {k_scale_arg, v_scale_arg};
+  run_paged<64, true>(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, &kv_last_page_len,
+                      sm_scale_arg, output, lse, kv_scales);
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged, run_ragged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged_swa, run_ragged_swa);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64, run_paged_ps64);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps1, run_paged_ps1);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64_fp8kv, run_paged_ps64_fp8kv);

@@ -1,0 +1,373 @@
+// K/V source policy PagedFp8Kv (gqa_paged_prefill_causal_fp8kv_h32_kv8_d128_ps64) and its two
+// kernels: PagedKv<64> (kv_paged.cuh: the same page table, sequence search, bad-id and malformed
+// last-page handling) over caches of float8_e4m3fn, converted on chip to q's dtype (exact: every
+// e4m3 value is a bf16 and an fp16 value) for the unchanged tensor-core products. The real K is
+// k_cache x k_scale (the host folds k_scale into the softmax scale), the real V v_cache x v_scale
+// (PageTable::v_scale, multiplied into O before the epilogue; lse does not see it).
+//
+// Hopper (PageFp8Loader): one thread issues one TMA box per page (128 bytes x 64 rows, no
+// swizzle) of K and of V into an FP8 staging buffer (16 KiB each, one tile) as soon as the
+// previous tile's conversion is done; the producer warpgroup (128 threads, idle otherwise)
+// converts each staged tile into the ring stage the consumers read, in the 128-byte swizzled
+// 16-bit layout TMA writes for the bf16 kernels, zeroes V rows past the sequence (so the
+// consumers skip zero_v_tail), fences its generic-proxy writes for wgmma and arrives on the
+// stage's full barrier. Per 128-key tile: 32 KiB FP8 read + 64 KiB written in shared memory, off
+// the consumers' path. Portable (RowLoader): each thread reads 8 FP8 values of a row from global
+// memory, converts them and stores the 16 bytes where cp.async would have put them.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "kernel_hopper.cuh"
+#include "kernel_portable.cuh"
+#include "kv_paged.cuh"
+
+namespace gqa_prefill {
+
+// Knob (bf16 only; TUNING.md): 1 (default) converts with integer ops and a bf16x2 multiply by
+// 2^120 (4 ops a pair, no F2FP; exact for every finite e4m3 value, NaN reads as +-480); 0 with
+// the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2 (exact, NaN included; its
+// temporaries spill in the 40-register producer). fp16 always uses the cvt (1 F2FP a pair).
+#ifndef GQA_PREFILL_FP8_BF16_BITS
+#define GQA_PREFILL_FP8_BF16_BITS 1
+#endif
+
+// ---- Layout helpers (host and device: tests/test_cuda_fp8.py checks them on the host) --------
+
+// The FP8 staging tile: key row r (0 .. 127; page r / 64) at r * 128 bytes, unswizzled (one
+// TMA box of 128 dims x 64 rows per page).
+constexpr int kFp8RowBytes = kHeadDim;
+constexpr uint32_t kFp8TileBytes = 128 * kFp8RowBytes;  // a 128-key tile of K or of V
+
+// Byte offset in the 16-bit tile (two 64-column halves of half_bytes, 128-byte swizzle: 16-byte
+// chunk c of row r at chunk c ^ (r % 8)) of the converted 16 FP8 values (dims 16 c16 ..
+// 16 c16 + 15) of row `row`: part j (0, 1) holds dims 16 c16 + 8 j .. + 7.
+__host__ __device__ constexpr uint32_t fp8_converted_offset(int row, int c16, int j,
+                                                            uint32_t half_bytes) {
+  return (c16 / 4) * half_bytes + row * 128 + (((2 * (c16 % 4) + j) ^ (row % 8)) * 16);
+}
+
+// The bit-level conversion (knob GQA_PREFILL_FP8_BF16_BITS): prmt's sign mode spreads two e4m3
+// bytes into 16-bit lanes, sign-extended; shifted left 4, a lane holds the sign at bit 15 and
+// exponent and mantissa at bits 4 .. 10 (the mask drops the copies of the sign): a bf16 of the
+// value x 2^-120 (subnormals included), made exact by the multiply.
+// prmt selectors: bytes 0, 1 (pair 0) or 2, 3 (pair 1) into 16-bit lanes, sign-extended.
+__host__ __device__ constexpr uint32_t fp8_pair_selector(int i) { return i ? 0xB3A2u : 0x9180u; }
+constexpr uint32_t kFp8Bf16Mask = 0x87f087f0u;
+constexpr uint16_t kBf16TwoPow120 = 0x7B80u;
+
+__host__ __device__ inline uint32_t prmt_sign(uint32_t x, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(x), "r"(selector));
+  return d;
+#else
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (selector >> (4 * i)) & 0xf;
+    uint32_t byte = (nibble & 7) < 4 ? (x >> (8 * (nibble & 7))) & 0xff : 0;
+    if (nibble & 8) byte = (byte & 0x80) ? 0xff : 0;
+    d |= byte << (8 * i);
+  }
+  return d;
+#endif
+}
+// Elements 2 i, 2 i + 1 of the four in `fp8` as bf16 bit patterns of value x 2^-120.
+__host__ __device__ inline uint32_t fp8_pair_bf16_scaled(uint32_t fp8, int i) {
+  return (prmt_sign(fp8, fp8_pair_selector(i)) << 4) & kFp8Bf16Mask;
+}
+
+// Four e4m3 values (the bytes of `fp8`, element 0 lowest) as two packed pairs of T.
+template <typename T>
+__device__ __forceinline__ void fp8x4_to(uint32_t fp8, uint32_t& lo, uint32_t& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && GQA_PREFILL_FP8_BF16_BITS) {
+    const __nv_bfloat162 factor =
+        __halves2bfloat162(__ushort_as_bfloat16(kBf16TwoPow120), __ushort_as_bfloat16(kBf16TwoPow120));
+    uint32_t pair[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t bits = fp8_pair_bf16_scaled(fp8, i);
+      __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), factor);
+      pair[i] = *reinterpret_cast<uint32_t*>(&v);
+    }
+    lo = pair[0];
+    hi = pair[1];
+  } else {
+    uint32_t pair[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(fp8 >> (16 * i)), __NV_E4M3);
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(
+            __half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
+        pair[i] = *reinterpret_cast<const uint32_t*>(&v);
+      } else {
+        pair[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+      }
+    }
+    lo = pair[0];
+    hi = pair[1];
+  }
+}
+
+// 16 e4m3 values -> 16 values of T (two 16-byte chunks: out[0 .. 3] dims 0 .. 7).
+template <typename T>
+__device__ __forceinline__ void fp8x16_to(const uint4& in, uint4 (&out)[2]) {
+  fp8x4_to<T>(in.x, out[0].x, out[0].y);
+  fp8x4_to<T>(in.y, out[0].z, out[0].w);
+  fp8x4_to<T>(in.z, out[1].x, out[1].y);
+  fp8x4_to<T>(in.w, out[1].z, out[1].w);
+}
+
+// The FP8 Hopper kernel's shared memory: the causal kernel's (HopperSmem<true>, before its
+// alignment slack), then two mbarriers (K staged, V staged) and the K and V staging tiles.
+struct Fp8Smem {
+  static constexpr uint32_t kStagedK = HopperSmem<true>::kItems + 128, kStagedV = kStagedK + 8;
+  // The leader's state, kept here rather than in registers (the producer has 40): the next
+  // tile's two page ids, and whether the item so far met an id out of range.
+  static constexpr uint32_t kNextIds = kStagedV + 8, kItemBad = kNextIds + 8;
+  static constexpr uint32_t kStageK = kStagedK + 128;  // 128-byte aligned
+  static constexpr uint32_t kStageV = kStageK + kFp8TileBytes;
+  static constexpr uint32_t kBytes = kStageV + kFp8TileBytes + 1024;  // + the alignment slack
+  static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// The Hopper producer's K/V tiles from FP8 pages (see the top of the file). The leader (thread
+// 0) reads the page ids a tile ahead and issues the TMA boxes, as PageTmaLoader does (a missing
+// page or an id out of range: coordinate -1, zeros); all 128 threads convert. Thread t converts
+// 16-byte FP8 chunk t % 8 of rows t / 8 + 16 i (i = 0 .. 7): 8 threads read one 128-byte row
+// (conflict-free); their two 16-byte stores go to 8 distinct bank groups per phase (the second
+// half's threads store their odd chunk first). T: q's dtype, the converted tiles'.
+template <typename T>
+struct PageFp8Loader {
+  static constexpr int kPageSize = 64;
+  static constexpr int kThreads = 128;
+  static constexpr int kKFullArrivals = kThreads;
+  static constexpr int kVFullArrivals = kThreads;
+  static constexpr bool kGenericProxyWrites = false;  // each thread fences before it arrives
+  static constexpr bool kZeroesVTail = false;         // converted as zeros
+  static constexpr int kBarrierId = 4;                // named barrier of the producer warpgroup
+
+  // All 128 threads work: 40 registers each (the most that the consumers' 232 leave).
+  template <typename Tiles>
+  __host__ __device__ static constexpr int producer_registers() {
+    return 40;
+  }
+
+  const HopperParams& hp;
+  const PageTable& pages;
+  uint32_t parity;  // of the staging barriers' current phase
+  int rows;         // keys of the sequence in the current tile (V rows past them: zeros)
+
+  // This thread, 0 .. 127 (threadIdx.x: no register held for it).
+  __device__ __forceinline__ static int thread() { return threadIdx.x; }
+  // The kernel's 1024-byte aligned shared-memory base (recomputed: no register held for it).
+  __device__ __forceinline__ static uint32_t smem_base() {
+    extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+    return (smem_addr(wgmma_smem) + 1023) & ~1023u;
+  }
+
+  __device__ __forceinline__ PageFp8Loader(const HopperParams& hp, const PageTable& pages,
+                                           int /*thread*/)
+      : hp(hp), pages(pages), parity(0) {
+    const uint32_t base = smem_base();
+    if (thread() == 0) {
+      mbarrier_init(base + Fp8Smem::kStagedK, 1);
+      mbarrier_init(base + Fp8Smem::kStagedV, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    named_barrier_sync(kBarrierId, kThreads);
+  }
+
+  __device__ __forceinline__ void prefetch_descriptors() const {
+    if (thread() == 0) {
+      tma_prefetch_descriptor(hp.k_map);
+      tma_prefetch_descriptor(hp.v_map);
+    }
+  }
+  __device__ __forceinline__ static int pages_of(const WorkItem& w) {
+    return (w.t.seq_kv + kPageSize - 1) / kPageSize;
+  }
+  __device__ __forceinline__ void fetch_ids(const WorkItem& w, int n) const {
+    const int* ids = pages.kv_indices + w.t.kv_start + 2 * n;
+    const int first = __ldg(ids);  // tile n exists: it has at least one key of the sequence
+    const int second = 2 * n + 1 < pages_of(w) ? __ldg(ids + 1) : 0;
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(smem_base() + Fp8Smem::kNextIds),
+                 "r"(first), "r"(second) : "memory");
+  }
+  __device__ __forceinline__ void start_item(const WorkItem& w) {
+    if (thread() == 0) {
+      st_shared_u32(smem_base() + Fp8Smem::kItemBad, 0);
+      if (w.t.kv_len > 0) fetch_ids(w, 0);
+    }
+  }
+
+  // Waits until every thread is done with the staging tiles (the previous tile's conversions),
+  // then the leader stages tile n's K and V.
+  template <typename Tiles>
+  __device__ __forceinline__ void start_tile(const WorkItem& w, int n) {
+    static_assert(Tiles::kBlockN == 2 * kPageSize, "a K/V tile is two pages");
+    rows = w.t.seq_kv - n * Tiles::kBlockN;
+    named_barrier_sync(kBarrierId, kThreads);
+    if (thread() != 0) return;
+    const uint32_t base = smem_base();
+    int coords[2];
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(coords[0]), "=r"(coords[1]) : "r"(base + Fp8Smem::kNextIds) : "memory");
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool listed = 2 * n + i < pages_of(w);
+      const bool in_range = page_in_range(coords[i], pages);
+      bad |= listed && !in_range;
+      coords[i] = listed && in_range ? coords[i] : -1;
+    }
+    if (bad) st_shared_u32(base + Fp8Smem::kItemBad, 1);
+    if ((n + 1) * Tiles::kBlockN < w.t.kv_len) fetch_ids(w, n + 1);
+    stage(hp.k_map, Fp8Smem::kStageK, Fp8Smem::kStagedK, w.kv_head, coords);
+    stage(hp.v_map, Fp8Smem::kStageV, Fp8Smem::kStagedV, w.kv_head, coords);
+  }
+  __device__ __forceinline__ void stage(const CUtensorMap& map, uint32_t tile, uint32_t bar,
+                                        int kv_head, const int (&coords)[2]) const {
+    const uint32_t base = smem_base();
+    mbarrier_arrive_expect_tx(base + bar, kFp8TileBytes);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tma_load_4d(base + tile + i * kPageSize * kFp8RowBytes, map, base + bar, 0, kv_head, 0,
+                  coords[i]);
+    }
+  }
+
+  template <typename Tiles>
+  __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem&) {
+    mbarrier_wait(smem_base() + Fp8Smem::kStagedK, parity);
+    convert<Tiles>(smem_base() + Fp8Smem::kStageK, dst, Tiles::kBlockN);
+    fence_proxy_async();  // generic writes -> the wgmma's (async proxy) reads
+    mbarrier_arrive(full);
+  }
+  template <typename Tiles>
+  __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
+                                         const WorkItem&) {
+    mbarrier_wait(smem_base() + Fp8Smem::kStagedV, parity);
+    convert<Tiles>(smem_base() + Fp8Smem::kStageV, dst, rows);
+    // The item's flag, released by the arrival.
+    if (thread() == 0) st_shared_u32(flags, ld_shared_u32(smem_base() + Fp8Smem::kItemBad));
+    fence_proxy_async();
+    mbarrier_arrive(full);
+    parity ^= 1;
+  }
+
+  // Staged rows [0, valid_rows) converted into the 16-bit tile at dst, the others zeros.
+  template <typename Tiles>
+  __device__ __forceinline__ void convert(uint32_t src, uint32_t dst, int valid_rows) const {
+    const int c16 = thread() % 8, j0 = c16 / 4;
+#pragma unroll 1
+    for (int i = 0; i < Tiles::kBlockN / 16; ++i) {
+      const int row = thread() / 8 + 16 * i;
+      uint4 in = {0u, 0u, 0u, 0u};
+      if (row < valid_rows) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(in.x), "=r"(in.y), "=r"(in.z), "=r"(in.w)
+                     : "r"(src + row * kFp8RowBytes + c16 * 16));
+      }
+#pragma unroll 1
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = jj ^ j0;  // dims 16 c16 + 8 j .. + 7
+        uint4 out = {0u, 0u, 0u, 0u};
+        if (row < valid_rows) {
+          fp8x4_to<T>(j ? in.z : in.x, out.x, out.y);
+          fp8x4_to<T>(j ? in.w : in.y, out.z, out.w);
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         dst + fp8_converted_offset(row, c16, j, Tiles::kKvHalfBytes)),
+                     "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
+                     : "memory");
+      }
+    }
+  }
+};
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T>
+struct PagedFp8Kv {
+  static constexpr int kPageSize = 64;
+  using Args = PageTable;
+  static constexpr bool kRagged = true;
+  static constexpr bool kMayPoison = true;
+  static constexpr bool kScalesOutput = true;  // O x pages.v_scale
+
+  template <bool kCausal>
+  __device__ __forceinline__ static bool locate(const Params& p, const PageTable& pages, int slot,
+                                                bool batch_ok, TileCoords& t) {
+    return PagedKv<kPageSize>::locate<kCausal>(p, pages, slot, batch_ok, t);
+  }
+
+  // The portable kernel's K/V tiles: PagedKv<64>::RowLoader's rows and chunks (4 rows a thread,
+  // 8 values of each), read as FP8 with one 8-byte load, converted, stored as 16 bytes.
+  template <typename U>
+  struct RowLoader : PagedKv<kPageSize>::template RowLoader<U> {
+    using Base = typename PagedKv<kPageSize>::template RowLoader<U>;
+    using Base::Base;
+
+    __device__ __forceinline__ void load_k(int key0, int seq_len) {
+      load(this->p.k, this->pages.k_page_stride, 0, key0, seq_len);
+    }
+    __device__ __forceinline__ void load_v(int key0, int seq_len) {
+      load(this->p.v, this->pages.v_page_stride, Base::kVTileOffset, key0, seq_len);
+    }
+    __device__ __forceinline__ void load(const void* cache, int64_t page_stride,
+                                         uint32_t tile_offset, int key0, int seq_len) {
+      const uint8_t* base = static_cast<const uint8_t*>(cache);
+#pragma unroll 1
+      for (int i = 0; i < kPortableBlockN / Base::kRowsPerPass; ++i) {
+        const int key = key0 + this->row_in_tile + i * Base::kRowsPerPass;
+        const int page =
+            key < seq_len ? __ldg(this->pages.kv_indices + this->kv_start + key / kPageSize) : 0;
+        const bool valid = key < seq_len && page_in_range(page, this->pages);
+        this->bad |= key < seq_len && !valid;
+        uint2 raw = {0u, 0u};
+        if (valid) {
+          const int row = key % kPageSize * kNumKvHeads * kHeadDim;
+          raw = __ldg(reinterpret_cast<const uint2*>(base + page * page_stride + row +
+                                                     this->column));
+        }
+        uint4 out;
+        fp8x4_to<U>(raw.x, out.x, out.y);
+        fp8x4_to<U>(raw.y, out.z, out.w);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         this->thread_dst + tile_offset + i * Base::kRowsPerPass * kSmemStride * 2),
+                     "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
+                     : "memory");
+      }
+    }
+  };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using TileLoader = PageFp8Loader<T>;
+#endif
+};
+
+// The FP8 kernels: the paged causal kernels (page size 64) over PagedFp8Kv. The host launches
+// the Hopper one with Fp8Smem::kBytes of shared memory and FP8 page maps.
+
+template <typename T>
+__global__ void __launch_bounds__(kNumThreads, 2)
+    gqa_prefill_paged_fp8_kernel(const PagedParams pp) {
+  portable_attention<T, true, PagedFp8Kv<T>>(pp.p, pp.pages);
+}
+
+template <typename T>
+__global__ void GQA_WGMMA_BOUNDS
+gqa_prefill_paged_fp8_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  hopper_attention<T, true, PagedFp8Kv<T>>(params.hp, params.pages);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace gqa_prefill

@@ -113,8 +113,8 @@ void check_paged_shapes(const Arg& q, const Arg& k_cache, const Arg& v_cache, co
   for (const Arg* x : {&k_cache, &v_cache}) {
     expect_tensor(*x, cache_dtype ? *cache_dtype : q->dtype(),
                   {-1, page_size, kNumKvHeads, kHeadDim}, [&] {
-                    return "[num_pages, " + std::to_string(page_size) + ", 8, 128] (" +
-                           (cache_dtype ? dtype_name(*cache_dtype) : "q's dtype") + ")";
+                    return "[num_pages, " + std::to_string(page_size) + ", 8, 128]" +
+                           (cache_dtype ? "" : " (q's dtype)");
                   });
   }
   expect_same_shape(v_cache, k_cache);
@@ -220,7 +220,7 @@ std::pair<double, double> fold_kv_scales(const AnyView& sm_scale_arg, const AnyV
   const double v_scale = check_sm_scale(v_scale_arg, "v_scale");
   const double scale = sm_scale * k_scale;
   if (!std::isfinite(scale)) {
-    fail("k_scale", "a finite product with sm_scale = " + float_repr(sm_scale),
+    fail("k_scale", "a finite float whose product with sm_scale is finite",
          "float " + float_repr(k_scale));
   }
   return {scale, v_scale};

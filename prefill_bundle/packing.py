@@ -55,6 +55,7 @@ CUDA_SOURCES = (
     "hopper_layout.cuh",
     "kv_contiguous.cuh",
     "kv_paged.cuh",
+    "kv_paged_fp8.cuh",
     "kernel_hopper.cuh",
 )
 
@@ -393,6 +394,19 @@ SOLUTIONS += [
         description="Triton flash attention forward over an FP8 (e4m3) paged cache: K/V tiles "
         "loaded as FP8 and converted to the query's dtype on chip for the tensor-core products; "
         "k_scale folded into the softmax scale, v_scale into the epilogue.",
+    ),
+    SolutionSpec(
+        name="cuda_fp8kv",
+        definition=PAGED_FP8,
+        backend="cuda",
+        language="cuda",
+        binding="tvm-ffi",
+        entry_point="prefill_entry.cu::run_paged_ps64_fp8kv",
+        sources=CUDA_SOURCES,
+        description="CUDA C++ flash attention forward over an FP8 (e4m3) paged cache: the paged "
+        "Hopper kernel with an FP8 K/V loader (pages by TMA as FP8, converted to the query's "
+        "dtype in shared memory for wgmma); k_scale folded into the softmax scale, v_scale into "
+        "the epilogue.",
     ),
 ]
 

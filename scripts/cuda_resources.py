@@ -16,6 +16,15 @@ _ENTRY = r"ptxas info\s+: Compiling entry function "
 _PAGED = re.compile(r"(gqa_prefill_paged(?:_wgmma)?_kernel)I\d+(\w+?)Li(\d+)E")
 # The sliding-window kernels (gqa_prefill_swa*_kernel<dtype>) are the ragged causal ones.
 _SWA = re.compile(r"(gqa_prefill_swa(?:_wgmma)?_kernel)I\d+(\w+?)EEv")
+# The FP8 paged kernels (gqa_prefill_paged_fp8*_kernel<dtype>): page size 64, FP8 staging.
+_FP8 = re.compile(r"(gqa_prefill_paged_fp8(?:_wgmma)?_kernel)I\d+(\w+?)EEv")
+_FP8_NOTES = {
+    "gqa_prefill_paged_fp8_kernel": ("", cuda_build.PORTABLE_SMEM),
+    "gqa_prefill_paged_fp8_wgmma_kernel": (
+        " (producer 40, consumers 232)",
+        "225 KiB (Q, 2 K + 2 V stages of 128 keys, output, FP8 staging of one K and one V tile)",
+    ),
+}
 # The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.
 _PAGED_NOTES = {
     ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
@@ -41,6 +50,14 @@ def resources_markdown(output: str) -> str:
         name = block.split("'")[1]
         match = _PAGED.search(name)
         swa = _SWA.search(name)
+        fp8 = _FP8.search(name)
+        if fp8 is not None:
+            kernel, dtype = fp8.groups()
+            dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
+            paged[f"{kernel}<{dtype}, FP8 page size 64>"] = (
+                cuda_build.ptxas_report(marker + block).popitem()[1], _FP8_NOTES[kernel]
+            )
+            continue
         if swa is not None:
             kernel, dtype = swa.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)

@@ -172,7 +172,8 @@ int main() {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(b), __NV_E4M3);
     // Pair 1 (bytes 2, 3) and lane 1 (byte 1) of the bit path too.
     const uint32_t word = uint32_t(b) << 24 | uint32_t(b) << 16 | uint32_t(b) << 8;
-    const uint32_t pair1 = fp8_pair_bf16_scaled(word, 1), lane1 = fp8_pair_bf16_scaled(word, 0) >> 16;
+    const uint32_t pair1 = fp8_pair_bf16_scaled(word, 1);
+    const uint32_t lane1 = fp8_pair_bf16_scaled(word, 0) >> 16;
     std::printf("%u %u %u %u %u %u\n", b, scaled, product, unsigned(h.x), pair1, lane1);
   }
   for (int row = 0; row < 128; ++row)

@@ -338,7 +338,9 @@ def with_page_stride_of_two_pages(cache: torch.Tensor) -> torch.Tensor:
         dict(q_lens=(45, 300), kv_lens=(12, 4100), fp8_scales=(1 / 256, 1 / 128),
              kv_magnitude=300.0),  # fmt: skip
         dict(q_lens=(100, 37), kv_lens=(100, 300), sm_scale=-0.3, fp8_scales=(2.0, 0.25)),
-        dict(q_lens=(129, 3), kv_lens=(257, 70), dtype=torch.float16, fp8_scales=(0.5, 1.25),
+        # Cache values near 100 scaled to O(1): the check's absolute tolerance (1e-2) is for
+        # outputs of order 1 (fp16 rounding of outputs near 125 alone is 0.06).
+        dict(q_lens=(129, 3), kv_lens=(257, 70), dtype=torch.float16, fp8_scales=(1 / 64, 1 / 128),
              kv_magnitude=100.0),  # fmt: skip
     ],
     ids=["near_448_scales_1_256", "negative_sm_scale_portable", "fp16"],

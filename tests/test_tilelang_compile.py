@@ -153,8 +153,11 @@ KERNEL_FILES = (
     "gqa_prefill_kernel.py",
     "gqa_prefill_shapes.py",
     "gqa_prefill_kv.py",
+    "gqa_prefill_ragged.py",
+    "gqa_prefill_fp8.py",
     "gqa_prefill_steps.py",
     "gqa_prefill_ws.py",
+    "gqa_prefill_items.py",
     "gqa_prefill_pipelined.py",
 )
 
@@ -206,8 +209,8 @@ _CPU_FORM = [
     (_STRIDED, _CONTIGUOUS),
     # The paged caches likewise (pages dense) and the page strides' assumption with them.
     (
-        "T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], dtype)",
-        "T.Tensor(cache_shape, dtype)",
+        "T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], element)",
+        "T.Tensor(cache_shape, element)",
     ),
     ("T.assume(k_page_stride % 8 == 0)", "pass"),
     ("T.assume(v_page_stride % 8 == 0)", "pass"),

@@ -108,6 +108,19 @@ def test_paged_compiles_without_register_spills(dtype, page_size):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_paged_code_carries_no_fp8_policy(dtype):
+    """The FP8 caches are a policy of the page-size-64 source (gqa_prefill_fp8): the 16-bit
+    kernel keeps its one TMA warp, its 24 / 240 split, no staging buffers, no v_scale (the
+    byte-identical check of every variant: TUNING.md)."""
+    source, host, _ = compiled(dtype, 64)
+    for trace in ("fp8", "K8", "V8", "k8_full", "v_scale", "__sync_thread_partial(11"):
+        assert trace not in source, trace
+    assert "tl::warpgroup_reg_dealloc<24>" in source
+    assert "(0x1p+0f/*1.000000e+00*/ / logsum[" in source
+    assert "(((int64_t)k_page_stride) * (int64_t)2)" in host
+
+
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
 

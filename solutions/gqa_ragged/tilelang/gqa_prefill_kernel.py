@@ -20,12 +20,14 @@ of comparison). Measurements behind the choices: TUNING.md.
 
 import tilelang
 
+from .gqa_prefill_fp8 import FP8_E4M3
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
 __all__ = [
-    "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config", "compile_variant"
+    "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config",
+    "compile_variant",
 ]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
@@ -38,6 +40,9 @@ PAGE_SIZES = (64, 1)
 PAGED_VARIANTS = [(dtype, size) for dtype in ("float16", "bfloat16") for size in PAGE_SIZES]
 # dtype of the sliding-window kernels (causal, ragged, window_left an argument): run_ragged_swa.
 WINDOW_VARIANTS = ["float16", "bfloat16"]
+# q's dtype of the FP8-cache kernels (causal, page size 64, float8_e4m3fn caches):
+# run_paged_ps64_fp8kv.
+FP8_VARIANTS = ["float16", "bfloat16"]
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
@@ -67,6 +72,7 @@ def gqa_prefill(
     num_sms: int = DEFAULT_NUM_SMS,
     page_size: int = None,
     window: bool = False,
+    cache_dtype: str = None,
 ):
     """Build the T.prim_func of one variant.
 
@@ -89,6 +95,9 @@ def gqa_prefill(
     after kv_rows) in [0, kv_rows): query i also needs j >= i + seq_kv - seq_q - window_left.
     Each item visits only the key tiles of its band (gqa_prefill_steps.build_steps).
 
+    cache_dtype FP8_E4M3 (page size 64, ws): FP8 caches, the kernel's float32 v_scale after
+    sm_scale multiplying the output (gqa_prefill_fp8).
+
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
 
@@ -102,7 +111,8 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
-    steps = build_steps(dtype, causal, block_M, block_N, page_size, window)
+    steps = build_steps(dtype, causal, block_M, block_N, page_size, window, cache_dtype)
+    assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
@@ -118,10 +128,15 @@ def compile_variant(
     num_sms: int = DEFAULT_NUM_SMS,
     page_size: int = None,
     window: bool = False,
+    cache_dtype: str = None,
     **config,
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
-    sliding-window kernel); config defaults to block_config(dtype, causal)."""
+    sliding-window kernel; cache_dtype: FP8 caches); config defaults to
+    block_config(dtype, causal)."""
     config = config or block_config(dtype, causal)
-    func = gqa_prefill(dtype, causal, num_sms=num_sms, page_size=page_size, window=window, **config)
+    func = gqa_prefill(
+        dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
+        cache_dtype=cache_dtype, **config,
+    )  # fmt: skip
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)

@@ -43,6 +43,8 @@ from types import SimpleNamespace
 
 import tilelang.language as T
 
+from .gqa_prefill_fp8 import fp8_paged_kv
+from .gqa_prefill_ragged import ragged_kv
 from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
 # cp.async without TileLang's implicit commit and wait: the copies complete on an mbarrier.
@@ -57,79 +59,17 @@ VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
-def build_kv(page_size, dims) -> SimpleNamespace:
+def build_kv(page_size, dims, cache_dtype=None) -> SimpleNamespace:
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
-    dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr."""
-    return ragged_kv(dims) if page_size is None else paged_kv(dims, page_size)
+    dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
+    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8)."""
+    if page_size is None:
+        assert cache_dtype is None, "FP8 caches are paged"
+        return ragged_kv(dims)
+    return paged_kv(dims, page_size, cache_dtype)
 
 
-def ragged_kv(dims) -> SimpleNamespace:
-    dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
-    total_kv = T.dynamic("total_kv")
-    k_stride, v_stride = T.dynamic("k_stride"), T.dynamic("v_stride")  # in elements
-
-    def kernel(body):
-        """K, V [total_kv, 8, 128] (token_rows), kv_indptr int32 [batch + 1] indexing their rows,
-        kv_rows: the key rows kv_indptr indexes (total_kv, or 0 when K and V are a 1-row
-        stand-in, as a TMA descriptor needs a row)."""
-
-        @T.prim_func
-        def main(
-            Q: token_rows(total_q, NUM_HEADS, dims.q_stride, dtype),
-            K: token_rows(total_kv, NUM_KV_HEADS, k_stride, dtype),
-            V: token_rows(total_kv, NUM_KV_HEADS, v_stride, dtype),
-            qo_indptr: T.Tensor([dims.len_indptr], T.int32),
-            kv_indptr: T.Tensor([dims.len_indptr], T.int32),
-            kv_rows: T.int32,
-            sm_scale: T.float32,
-            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-            LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
-            Scheduler: T.Tensor([2], T.int32),
-        ):
-            body(Q, (K, V, kv_indptr, kv_rows), qo_indptr, sm_scale, Output, LSE, Scheduler)
-
-        return main
-
-    @T.macro
-    def LoadRing(source, shared, full, empty, g, kv_row, kv_head, num_stages):
-        """The g-th K or V tile (counted over the CTA's items) into its ring slot, once the
-        consumers have released the slot's previous tile."""
-        stage = g % num_stages
-        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
-        T.tma_copy(
-            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
-        )
-        T.mbarrier_arrive(full[stage])
-
-    @T.macro
-    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
-        """Producer warp: K and V of KV tile k, the g-th through the ring. ring: K_shared,
-        V_shared and their k_full, k_empty, v_full, v_empty barriers."""
-        K, V = kv[0], kv[1]
-        K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
-        kv_row = kv_start + k * block_N
-        LoadRing(K, K_shared, k_full, k_empty, g, kv_row, kv_head, num_stages)
-        LoadRing(V, V_shared, v_full, v_empty, g, kv_row, kv_head, num_stages)
-
-    @T.macro
-    def CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch):
-        T.copy(kv[0][kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], K_shared)
-
-    @T.macro
-    def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):
-        T.copy(kv[1][kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
-
-    return SimpleNamespace(
-        page_size=None, kernel=kernel, loader_warps=1, alloc_scratch=lambda: None,
-        InitScratch=None, item_poisoned=lambda scratch, items: None,
-        kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
-        seq_kv=lambda kv, s, kv_start: kv[2][s + 1] - kv_start,
-        entry_bad=lambda kv, i: None, sequence_ok=lambda kv, s: None,
-        LoadTile=LoadTile, CopyK=CopyK, CopyV=CopyV,
-    )  # fmt: skip
-
-
-def paged_kv(dims, page_size: int) -> SimpleNamespace:
+def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"
@@ -145,7 +85,8 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
 
     def cache(page_stride):
         """[num_pages, page_size, 8, 128], dense within a page, any page stride."""
-        return T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], dtype)
+        element = cache_dtype or dtype
+        return T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], element)
 
     @T.macro
     def Body(body, Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
@@ -446,10 +387,22 @@ def paged_kv(dims, page_size: int) -> SimpleNamespace:
             FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
             LoadPagedV(kv, ring, None, 0, k, seq_kv, kv_head, scratch[0], False, block_N)
 
-    return SimpleNamespace(
+    source = SimpleNamespace(
         page_size=page_size, kernel=kernel, loader_warps=loader_threads // 32,
         alloc_scratch=alloc_scratch, InitScratch=InitScratch, item_poisoned=item_poisoned,
         kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
         seq_kv=seq_kv, entry_bad=entry_bad, sequence_ok=sequence_ok, LoadTile=LoadTile,
-        CopyK=CopyK, CopyV=CopyV,
+        CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
     )  # fmt: skip
+    if cache_dtype is None:
+        return source
+    # The FP8 policy (page size 64): its own arguments, scratch and producer loads, on these
+    # helpers.
+    assert page_size == 64, "FP8 caches: page size 64"
+    helpers = SimpleNamespace(
+        cache=cache, Body=Body, FindPages=FindPages, page_is_whole=page_is_whole,
+        tile_is_whole=tile_is_whole,
+        in_cache=in_cache, clamp=clamp, pages_per_tile=pages_per_tile,
+        k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
+    )  # fmt: skip
+    return fp8_paged_kv(dims, source, helpers, cache_dtype)

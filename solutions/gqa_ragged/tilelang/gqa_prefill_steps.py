@@ -56,6 +56,7 @@ def build_steps(
     block_N: int,
     page_size: int = None,
     window: bool = False,
+    cache_dtype: str = None,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -70,6 +71,9 @@ def build_steps(
     the loops, loads, bounds and schedule see the band alone) and masks only the band's edges:
     the tiles below left_end (some row's band starts inside or past them) and the diagonal
     ones, as causal; the tiles between run unmasked.
+
+    cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
+    scaling the output in the epilogue.
     """
     assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
     total_q = T.dynamic("total_q")
@@ -82,7 +86,7 @@ def build_steps(
         dtype=dtype, block_N=block_N, accum_dtype=accum_dtype, total_q=total_q,
         q_stride=q_stride, len_indptr=len_indptr,
     )  # fmt: skip
-    kv_source = build_kv(page_size, dims)
+    kv_source = build_kv(page_size, dims, cache_dtype)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 
@@ -337,24 +341,31 @@ def build_steps(
         kv_source.CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch)
         T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
+    def scaled(out_scale, logsum):
+        """The output's factor for a row's logsum: 1 / logsum, or out_scale / logsum."""
+        return 1.0 / logsum if out_scale is None else out_scale / logsum
+
     def poison(poisoned, value):
         return value if poisoned is None else T.if_then_else(poisoned(), nan, value)
 
     @T.macro
     def Epilogue(
         acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start, q_tile,
-        seq_q, head, poisoned,
+        seq_q, head, poisoned, out_scale=None,
     ):  # fmt: skip
         """acc_o / logsum to Output through O_shared, and the base-2 LSE, for the tile's rows.
         A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0).
         poisoned (None: never): a function giving a test whether the item met a bad page id;
-        then every row gets NaN output and lse."""
+        then every row gets NaN output and lse. out_scale (None: 1): the output's factor (FP8
+        caches' v_scale), lse unchanged."""
         for i in T.Parallel(block_M):
             lse[i] = poison(
                 poisoned,
                 T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf),
             )
-            scores_scale[i] = poison(poisoned, T.if_then_else(logsum[i] > 0, 1.0 / logsum[i], 0.0))
+            scores_scale[i] = poison(
+                poisoned, T.if_then_else(logsum[i] > 0, scaled(out_scale, logsum[i]), 0.0)
+            )
         Rescale(acc_o, scores_scale)
         T.copy(acc_o, O_shared)
         # Rows past the sequence's end belong to the next sequence (or to no one): skip.

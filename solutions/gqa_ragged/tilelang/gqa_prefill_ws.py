@@ -4,6 +4,7 @@ out from the shared steps (gqa_prefill_steps.build_steps).
 
 import tilelang.language as T
 
+from .gqa_prefill_items import item_steps
 from .gqa_prefill_steps import (
     GROUP_SIZE,
     HAS_ITEM,
@@ -74,9 +75,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     """
     dtype, block_M, block_N, kv_source = steps.dtype, steps.block_M, steps.block_N, steps.kv
     num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
-    slot_of, Locate, CheckBatch, CheckTile, Poison = (
-        steps.slot_of, steps.Locate, steps.CheckBatch, steps.CheckTile, steps.Poison
-    )  # fmt: skip
+    CheckBatch, CheckTile, Poison = steps.CheckBatch, steps.CheckTile, steps.Poison
     bounds, Mask, MaskTile, Softmax, Rescale, Epilogue = (
         steps.bounds, steps.Mask, steps.MaskTile, steps.Softmax, steps.Rescale, steps.Epilogue
     )  # fmt: skip
@@ -92,12 +91,16 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     producer_regs, consumer_regs = (24, 240) if num_consumers <= 2 else (32, 160)
     if kv_source.loader_warps > 1:
         # FA3's split for 2 consumer warpgroups beside a cp.async producer warpgroup is 40 /
-        # 232; the gathering warps here spill below 56 (ptxas; tests check it).
+        # 232; the gathering warps here spill below 56 (ptxas; tests check it), the FP8
+        # converting ones below 64 (its source's producer_regs).
         assert num_consumers == 2, "the loader warps' register split is for 2 consumers"
-        producer_regs, consumer_regs = 56, 224
+        producer_regs, consumer_regs = getattr(kv_source, "producer_regs", 56), 224
     num_items = NUM_HEADS * num_slots
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
+    LoadQ, TakeItem, ResetScheduler = item_steps(
+        steps, consumer_threads, persistent, num_items, grid
+    )  # fmt: skip
 
     @T.macro
     def Step(
@@ -142,17 +145,6 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         Softmax(acc_s, *stats, scale_log2)
 
     @T.macro
-    def LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done):
-        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done."""
-        T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
-        T.tma_copy(
-            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-            Q_shared,
-            barrier=q_full[0],
-        )
-        T.mbarrier_arrive(q_full[0])
-
-    @T.macro
     def LoadItem(q_start, q_tile, kv_start, seq_kv, head, kv_head, loop_range, load):
         """Producer: Q of one item with query rows (the first loader warp), then its KV tiles
         into the ring (every loader warp). load: inputs, buffers, q_bars, bars, items_done,
@@ -183,7 +175,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     @T.macro
     def ConsumeItem(
         q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range, buffers, stats, lse,
-        bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2, poisoned,
+        bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2, poisoned, out_scale,
     ):  # fmt: skip
         """Consumer: one item with query rows, from Q K^T of its KV tile 0 to its stores.
         buffers: Q, K, V and O's shared buffers and the accumulators; stats: the softmax's row
@@ -252,43 +244,10 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         # buffer is free).
         Epilogue(
             acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
-            q_start, q_tile, seq_q, head, poisoned,
+            q_start, q_tile, seq_q, head, poisoned, out_scale,
         )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
-
-    @T.macro
-    def TakeItem(slot, args):
-        """First loader warp: the block's next item into tile (Locate) and, once the readers
-        of its last use are done, into item_tile[slot] (item_full[slot]); returns its index
-        (num_items: the block is done)."""
-        (
-            tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked, batch_ok,
-            qo_indptr, kv, Scheduler, block, tx, window_left,
-        ) = args  # fmt: skip
-        T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
-        if persistent:
-            # Dynamic schedule: the next item goes to the first block that asks (heaviest
-            # first), which balances unequal items. One lane asks, a shuffle tells the warp.
-            fetch[0] = 0
-            if tx == consumer_threads:
-                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
-            item = T.shfl_sync(fetch[0], 0)
-        else:
-            item = T.if_then_else(fetched[0] == 0, block, num_items)
-        tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
-        tile[POISON_SLOT] = -1
-        if item < num_items:
-            Locate(item, qo_indptr, kv, seq, tile, window_left)
-            # Completed once, so a wait past the first item returns at once.
-            T.mbarrier_wait_parity(batch_checked[0], 0)
-            if batch_ok[0] == 0:
-                tile[POISON_SLOT] = slot_of(item)
-        if tx == consumer_threads:  # one writer: no barrier within the warp
-            for i in T.serial(ITEM_FIELDS):
-                item_tile[slot, i] = tile[i]
-        T.mbarrier_arrive(item_full[slot])
-        return item
 
     @T.macro
     def ProduceItem(tile, load):
@@ -300,18 +259,6 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         _, _, loop_range = bounds(tile)
         if q_tile < seq_q:  # a spare slot has no row: nothing to load
             LoadItem(q_start, q_tile, kv_start, tile[SEQ_KV], head, kv_head, loop_range, load)
-
-    @T.macro
-    def ResetScheduler(Scheduler, tx):
-        """The last block to finish fetching resets the scheduler for the next launch on this
-        stream (no other block touches it now)."""
-        if tx == consumer_threads:
-            if (
-                T.atomic_add(Scheduler[1], 1, memory_order="acq_rel", return_prev=True)
-                == grid - 1
-            ):  # fmt: skip
-                Scheduler[0] = 0
-                Scheduler[1] = 0
 
     @T.macro
     def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
@@ -475,6 +422,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                             (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier),
                             q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
                             kv_source.item_poisoned(scratch, items_done),
+                            kv_source.out_scale(kv),
                         )  # fmt: skip
 
     return steps.kernel(Body)

@@ -3,9 +3,10 @@
 run_padded(q, k, v, causal, out), run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output,
 lse), run_ragged_swa (the same with window_left before sm_scale), run_paged_ps64(q, k_cache,
 v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale, output, lse) and
-run_paged_ps1 (the same without kv_last_page_len) check their
+run_paged_ps1 (the same without kv_last_page_len) and run_paged_ps64_fp8kv (page size 64 over
+float8_e4m3fn caches, k_scale and v_scale before sm_scale) check their
 arguments against the bundle's shared contract (arguments.py: rules and messages), then launch
-one kernel from gqa_prefill_kernel.py. A variant (dtype, causal, page size, window) is
+one kernel from gqa_prefill_kernel.py. A variant (dtype, causal, page size, window, FP8 caches) is
 compiled for sm_90a on its first use and cached; lengths and token strides are symbolic in it, so
 no new shape or layout ever recompiles. q, k and v may be token-strided (slices of a fused QKV
 projection): the kernel reads them in place. The padded batch is viewed as a ragged one; its
@@ -22,6 +23,7 @@ writing outside the tensors.
 import torch
 
 from .arguments import (
+    FP8_DTYPE,
     PADDED_NAMES,
     PAGED_PS1_NAMES,
     PAGED_PS64_NAMES,
@@ -38,12 +40,20 @@ from .arguments import (
     check_ragged_shapes,
     check_sm_scale,
     check_window_left,
+    fold_kv_scales,
     token_stride,
 )
-from .gqa_prefill_kernel import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, PAGE_SIZES, compile_variant
+from .gqa_prefill_kernel import (
+    FP8_E4M3,
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    PAGE_SIZES,
+    compile_variant,
+)
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_kernels = {}  # (dtype, causal, SM count, page size or None, window) -> compiled kernel
+_kernels = {}  # (dtype, causal, SM count, page size or None, window, fp8) -> compiled kernel
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
@@ -52,6 +62,7 @@ _ragged_plans = PlanCache()
 _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
 # Per page size, keyed as ragged: (kernel, caches' stand-in, kv_indices' stand-in, num_pages).
 _paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
+_fp8_plans = PlanCache()  # as _paged_plans[64], for FP8 caches
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
 
 
@@ -68,10 +79,17 @@ def _scheduler(device: int):
 
 
 def _kernel(
-    dtype: torch.dtype, causal: bool, device: int, page_size: int = None, window: bool = False
+    dtype: torch.dtype,
+    causal: bool,
+    device: int,
+    page_size: int = None,
+    window: bool = False,
+    fp8: bool = False,
 ):
+    """fp8: the paged kernel (page size 64) over float8_e4m3fn caches."""
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    kernel = _kernels.get((dtype, causal, num_sms, page_size, window))
+    key = (dtype, causal, num_sms, page_size, window, fp8)
+    kernel = _kernels.get(key)
     if kernel is None:
         capability = torch.cuda.get_device_capability(device)
         if capability != (9, 0):
@@ -81,9 +99,10 @@ def _kernel(
             )
         # The persistent grid takes one block per SM of the device.
         kernel = compile_variant(
-            _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window
-        )
-        _kernels[(dtype, causal, num_sms, page_size, window)] = kernel
+            _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window,
+            cache_dtype=FP8_E4M3 if fp8 else None,
+        )  # fmt: skip
+        _kernels[key] = kernel
     return kernel
 
 
@@ -236,27 +255,31 @@ def _one_page(cache: torch.Tensor) -> torch.Tensor:
     """A one-page cache at the dense page stride, whatever stride torch gave its dim of 1: the
     TMA descriptor takes the stride, and wants a 16-byte multiple."""
     page = cache.shape[1] * NUM_KV_HEADS * HEAD_DIM
-    if cache.stride(0) % 8 == 0 and cache.stride(0) >= page:
+    if cache.stride(0) * cache.element_size() % 16 == 0 and cache.stride(0) >= page:
         return cache
     return cache.as_strided(cache.shape, (page, NUM_KV_HEADS * HEAD_DIM, HEAD_DIM, 1))
 
 
-def _plan_paged(page_size: int, tensors: tuple) -> tuple:
+def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     """Check shapes, dtypes and layout (once per key). A cache without pages, or a page table
     without entries, runs the kernel on a zero 1-page (1-entry) stand-in, told there are none
     (page_count, kv_rows 0): the kernel then reads neither, and a TMA descriptor needs a page.
     tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
-    page size 1), output, lse."""
+    page size 1), output, lse. fp8: float8_e4m3fn caches."""
     q = tensors[0]
-    _, _, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size)
+    cache_dtype = FP8_DTYPE if fp8 else None
+    _, _, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size, cache_dtype)
     check_layout(*_paged_arguments(page_size, tensors))
     pageless = indexless = None
     if num_pages == 0:
         shape = (1, page_size, NUM_KV_HEADS, HEAD_DIM)
-        pageless = torch.zeros(shape, dtype=q.dtype, device=q.device)
+        pageless = torch.zeros(shape, dtype=cache_dtype or q.dtype, device=q.device)
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
-    kernel = _kernel(q.dtype, True, q.get_device(), page_size)
+    if fp8:
+        kernel = _kernel(q.dtype, True, q.get_device(), page_size, fp8=True)
+    else:
+        kernel = _kernel(q.dtype, True, q.get_device(), page_size)
     return kernel, pageless, indexless, num_pages
 
 
@@ -272,6 +295,17 @@ def run_paged_ps64(
                sm_scale, output, lse)  # fmt: skip
 
 
+def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                         k_scale, v_scale, sm_scale, output, lse):  # fmt: skip
+    """run_paged_ps64 over float8_e4m3fn caches (a page stride a multiple of 16 elements), the
+    real K = k_cache * k_scale and V = v_cache * v_scale (k_scale, v_scale finite): k_scale
+    joins the softmax scale, v_scale multiplies the output in the kernel's epilogue (lse
+    unchanged: fold_kv_scales). The kernel converts the FP8 pages to q's dtype on chip."""
+    sm_scale, v_scale = fold_kv_scales(sm_scale, k_scale, v_scale)
+    _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+               sm_scale, output, lse, v_scale)  # fmt: skip
+
+
 def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
     """run_paged_ps64 for pages of one token, k_cache/v_cache [num_pages, 1, 8, 128], without
     kv_last_page_len."""
@@ -280,11 +314,13 @@ def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scal
 
 
 def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-               kv_last_page_len, sm_scale, output, lse):  # fmt: skip
+               kv_last_page_len, sm_scale, output, lse, v_scale=None):  # fmt: skip
+    """v_scale: a float for FP8 caches (sm_scale then has k_scale folded in), else None."""
     sm_scale = check_sm_scale(sm_scale)
     tensors = (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output,
                lse)  # fmt: skip
-    plans = _paged_plans[page_size]
+    fp8 = v_scale is not None
+    plans = _fp8_plans if fp8 else _paged_plans[page_size]
     try:
         key = (
             q.shape, k_cache.shape, v_cache.shape, qo_indptr.shape, kv_indptr.shape,
@@ -301,7 +337,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
-        plan = _plan_paged(page_size, tensors)  # raises ValueError on a bad argument
+        plan = _plan_paged(page_size, tensors, fp8)  # raises ValueError on a bad argument
         if key is not None:
             plans.store(key, plan)
     else:
@@ -325,7 +361,8 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
         # As in run_ragged: the kernel needs a positive scale.
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
     lengths = () if kv_last_page_len is None else (kv_last_page_len,)
+    scales = (sm_scale, v_scale) if fp8 else (sm_scale,)
     kernel(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *lengths, num_kv_indices,
-        num_pages, sm_scale, output, lse, _scheduler(q.get_device()),
+        num_pages, *scales, output, lse, _scheduler(q.get_device()),
     )  # fmt: skip

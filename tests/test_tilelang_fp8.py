@@ -1,0 +1,217 @@
+"""The TileLang FP8-cache solution (tilelang_fp8kv, run_paged_ps64_fp8kv) without a GPU, and on
+one.
+
+1. The FP8 variant lowers and compiles for sm_90a here (bfloat16; float16 too for its
+   registers): the producer warpgroup loads each page as FP8 by TMA (one box per page) into
+   staging buffers and converts them, vectorized, into the 16-bit ring the wgmma reads; v_scale
+   scales the output in the epilogue; no spills at its 64 / 224 register split.
+2. The entry's host logic on the CPU (a stand-in kernel records what it is given): k_scale folded
+   into the softmax scale, v_scale passed on, the negative-scale rule on the folded scale, the
+   FP8 plan apart from the 16-bit one; the argument checks raise a ValueError naming the
+   argument.
+3. On a GPU: values near e4m3's +-448 with small scales, scales not 1 with a negative sm_scale,
+   and a cache view with twice a page's stride, against the reference (the shared matrix,
+   tests/test_solutions.py::test_fp8_kv_cache, covers GPU_FP8_CASES).
+"""
+
+import functools
+import math
+import re
+import sys
+
+import pytest
+import torch
+from test_tilelang_compile import compile_fresh, entry_module, kernel_module
+
+from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
+from prefill_bundle.packing import SOLUTIONS
+from prefill_bundle.testing import (
+    PagedCase,
+    build_solution,
+    check_outputs,
+    make_inputs,
+    reference_outputs,
+    run_solution,
+)
+
+BF16, F16, F32, FP8 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn
+HAS_CUDA = torch.cuda.is_available()
+SOLUTION = "tilelang_fp8kv"
+needs_packed = pytest.mark.skipif(
+    SOLUTION not in {s.name for s in SOLUTIONS},
+    reason="prefill_bundle/packing.py lists no TileLang FP8 solution",
+)
+
+# 1. Compilation for the H100 -----------------------------------------------------------------
+
+_compiled = {}
+
+
+def compiled(dtype: str = "bfloat16"):
+    """(device source, host source, ptxas report) of the FP8 variant."""
+    if dtype not in _compiled:
+        kernels = kernel_module()
+        kernel, ptxas = compile_fresh(
+            kernels, dtype, True, page_size=64, cache_dtype=kernels.FP8_E4M3
+        )
+        _compiled[dtype] = (kernel.get_kernel_source(), kernel.adapter.get_host_source(), ptxas)
+    return _compiled[dtype]
+
+
+def test_fp8_variants_cover_both_dtypes():
+    assert set(kernel_module().FP8_VARIANTS) == {"float16", "bfloat16"}
+
+
+def test_fp8_loads_pages_by_tma_and_converts():
+    source, host, _ = compiled()
+    # Q K^T and P V on the 16-bit ring, as the bfloat16 paged kernel.
+    assert "tl::wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
+    assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
+    # One TMA box per page (64 slots x 128 FP8 bytes = 8192 bytes, all of head_dim: column 0,
+    # slot 0, the KV head, the page id) into the FP8 staging buffers.
+    for cache, staged in (("K_cache", "K8"), ("V_cache", "V8")):
+        pattern = (
+            rf"tl::tma_load\({cache}_desc, {staged[0].lower()}8_full\[0\], "
+            rf"\(&\(\(\(fp8_e4_t\*\){staged}\)\[\(p_\d+ \* 8192\)\]\)\), 0, 0, "
+            r"\(tile\[5\] >> 2\), pages\[p_\d+\]\);"
+        )
+        assert len(re.findall(pattern, source)) == 1, cache
+    assert source.count(".expect_transaction(8192);") == 2
+    # The conversion: 8 FP8 values per thread and step (an 8-byte shared load), exact cvts,
+    # one 16-byte store into the swizzled ring slot; fenced for wgmma's async proxy.
+    assert source.count("__tl_cvt_e4m3x2_to_bfloat162(") == 12  # K, V, the gathered V pages
+    assert "*(fp8_e4_8_t*)(((fp8_e4_t*)K8) + " in source
+    assert "*(uint4*)(((bfloat16_t*)K_shared) + " in source
+    assert "*(uint4*)(((bfloat16_t*)V_shared) + " in source
+    conversion = source[source.index("k8_full[0].wait(") : source.index("v_full[(g & 1)].arrive()")]
+    assert conversion.count("tl::fence_proxy_async();") == 2
+    # v_scale, a kernel argument (out_scale in the source), scales the output (not lse); the
+    # page stride reaches the descriptors in bytes (one an element).
+    assert "float out_scale" in source and "(out_scale / logsum[" in source  # named so
+    assert "(int64_t)k_page_stride" in host and "(int64_t)v_page_stride" in host
+
+
+@pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)
+def test_fp8_compiles_without_register_spills(dtype):
+    """The converting producer warpgroup runs on 64 registers (56 spilled; float16 spilled at 64
+    while its V gather was unrolled) beside 224 for each consumer warpgroup: both dtypes, their
+    conversions differ."""
+    source, _, ptxas = compiled(dtype)
+    assert "tl::warpgroup_reg_dealloc<64>" in source
+    assert "tl::warpgroup_reg_alloc<224>" in source
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+# 2. The entry point's host logic on the CPU ----------------------------------------------------
+
+
+def fp8_args(total_q=4, pages=3, batch=2, dtype=BF16, **changes):
+    args = dict(
+        q=torch.randn(total_q, NUM_HEADS, HEAD_DIM, dtype=dtype),
+        k_cache=torch.zeros(pages, 64, NUM_KV_HEADS, HEAD_DIM, dtype=FP8),
+        v_cache=torch.zeros(pages, 64, NUM_KV_HEADS, HEAD_DIM, dtype=FP8),
+        qo_indptr=torch.tensor([0, 1, total_q][: batch + 1], dtype=torch.int32),
+        kv_indptr=torch.tensor([0, 1, pages][: batch + 1], dtype=torch.int32),
+        kv_indices=torch.arange(pages, dtype=torch.int32),
+        kv_last_page_len=torch.full((batch,), 5, dtype=torch.int32),
+        k_scale=0.5,
+        v_scale=0.25,
+        sm_scale=1.0 / math.sqrt(HEAD_DIM),
+        output=torch.zeros(total_q, NUM_HEADS, HEAD_DIM, dtype=dtype),
+        lse=torch.zeros(total_q, NUM_HEADS, dtype=F32),
+    )
+    args.update(changes)
+    return args
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The packed FP8 entry with its device checks told that CPU tensors are fine and a stand-in
+    kernel that records each launch's arguments and the variant it was asked for."""
+    entry = entry_module(SOLUTION)
+    contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
+    for name in ("check_layout", "check_placement"):
+        check = functools.partial(getattr(contract, name), interpreted=True)
+        monkeypatch.setattr(entry, name, check)
+    launches = []
+
+    def kernel(dtype, causal, device, page_size=None, window=False, fp8=False):
+        return lambda *args: launches.append(((dtype, causal, page_size, fp8), args))
+
+    monkeypatch.setattr(entry, "_kernel", kernel)
+    monkeypatch.setattr(entry, "_fp8_plans", contract.PlanCache())
+    monkeypatch.setattr(entry, "_paged_plans", {p: contract.PlanCache() for p in (1, 64)})
+    monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))
+    return launches
+
+
+@needs_packed
+@pytest.mark.parametrize("sm_scale", [0.125, -0.3, 0.0])
+def test_fp8_entry_folds_the_scales(sm_scale, recorded_launches):
+    args = fp8_args(sm_scale=sm_scale, k_scale=2.0, v_scale=-0.75)
+    build_solution(SOLUTION)(*args.values())
+    (variant, launched), = recorded_launches  # fmt: skip
+    assert variant == (BF16, True, 64, True)  # the FP8 kernel, not the 16-bit one
+    q, k_cache, *rest = launched
+    scale, v_scale = rest[-5], rest[-4]  # ... num_pages, sm_scale, v_scale, output, lse, sched
+    assert k_cache.dtype == FP8 and v_scale == -0.75
+    if sm_scale > 0:
+        assert scale == sm_scale * 2.0 and torch.equal(q, args["q"])
+    elif sm_scale < 0:  # softmax(s q.k) = softmax(|s| (-q).k)
+        assert scale == -sm_scale * 2.0 and torch.equal(q, -args["q"])
+    else:
+        assert scale == 1.0 and not q.any()
+
+
+FP8_ERRORS = {
+    "k_cache bfloat16": ("k_cache", dict(k_cache=torch.zeros(3, 64, 8, 128, dtype=BF16))),
+    "v_cache float16": ("v_cache", dict(v_cache=torch.zeros(3, 64, 8, 128, dtype=F16))),
+    "k_cache page size 1": ("k_cache", dict(k_cache=torch.zeros(3, 1, 8, 128, dtype=FP8))),
+    "k_scale inf": ("k_scale", dict(k_scale=math.inf)),
+    "k_scale a tensor": ("k_scale", dict(k_scale=torch.tensor(0.5))),
+    "v_scale nan": ("v_scale", dict(v_scale=math.nan)),
+    "v_scale None": ("v_scale", dict(v_scale=None)),
+    "sm_scale inf": ("sm_scale", dict(sm_scale=math.inf)),
+    "k_scale overflows sm_scale": ("k_scale", dict(k_scale=1e308, sm_scale=1e308)),
+    "output float16": ("output", dict(output=torch.zeros(4, 32, 128, dtype=F16))),
+    "on the CPU": ("q", dict()),
+}
+
+
+@needs_packed
+@pytest.mark.parametrize("name,changes", FP8_ERRORS.values(), ids=FP8_ERRORS.keys())
+def test_fp8_argument_errors(name, changes):
+    with pytest.raises(ValueError, match=rf"^{name}: expected"):
+        build_solution(SOLUTION)(*fp8_args(**changes).values())
+
+
+# 3. On a GPU ----------------------------------------------------------------------------------
+
+
+@needs_packed
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_fp8_scales_magnitudes_and_cache_views_on_gpu():
+    """e4m3 values near +-448 with scales 1/256 (the conversion must be exact at the top of the
+    range), k_scale and v_scale not 1 with a negative sm_scale (folded scale negated), and
+    FlashInfer's combined [num_pages, 2, 64, 8, 128] cache (k and v views with twice a page's
+    stride: the TMA descriptors and the gathered V pages take it)."""
+    cases = [
+        PagedCase((300, 64), (1000, 64), 64, BF16, fp8_scales=(1 / 256, 1 / 256),
+                  kv_magnitude=440.0),
+        PagedCase((100, 37), (100, 300), 64, F16, sm_scale=-0.3, fp8_scales=(2.0, 0.25)),
+        PagedCase((129, 7), (4100, 7), 64, BF16, sm_scale=-0.05, fp8_scales=(0.5, 3.0)),
+    ]  # fmt: skip
+    for seed, case in enumerate(cases):
+        inputs = make_inputs(case, "cuda", seed)
+        check_outputs(run_solution(SOLUTION, case, inputs), reference_outputs(case, inputs))
+
+    case = PagedCase((130, 7, 64), (300, 7, 257), 64, shared_prefix=(128, 0, 128),
+                     fp8_scales=(0.5, 2.0))  # fmt: skip
+    inputs = make_inputs(case, "cuda", seed=7)
+    expected = reference_outputs(case, inputs)
+    combined = torch.stack([inputs[1], inputs[2]], dim=1)  # [num_pages, 2, 64, 8, 128]
+    views = [inputs[0], combined[:, 0], combined[:, 1]] + inputs[3:]
+    assert views[1].stride(0) == 2 * 64 * NUM_KV_HEADS * HEAD_DIM and views[1].dtype == FP8
+    check_outputs(run_solution(SOLUTION, case, views), expected)

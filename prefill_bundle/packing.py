@@ -35,6 +35,9 @@ TILELANG_SOURCES = (
     "gqa_prefill_kernel.py",
     "gqa_prefill_shapes.py",
     "gqa_prefill_kv.py",
+    "gqa_prefill_fp8.py",
+    "gqa_prefill_items.py",
+    "gqa_prefill_ragged.py",
     "gqa_prefill_steps.py",
     "gqa_prefill_ws.py",
     "gqa_prefill_pipelined.py",
@@ -396,6 +399,20 @@ SOLUTIONS += [
         "k_scale folded into the softmax scale, v_scale into the epilogue.",
     ),
     SolutionSpec(
+        name="tilelang_fp8kv",
+        definition=PAGED_FP8,
+        backend="tilelang",
+        language="tilelang",
+        entry_point="tilelang_prefill.py::run_paged_ps64_fp8kv",
+        sources=TILELANG_SOURCES,
+        shared_sources=("arguments.py",),
+        dependencies=("tilelang",),
+        description="TileLang flash attention for Hopper over an FP8 (e4m3) paged cache: the "
+        "paged warp-specialized kernel with an FP8 K/V policy; pages loaded as FP8 by TMA (one box "
+        "per page) and converted exactly to the query's dtype in shared memory by the producer "
+        "warps for wgmma; k_scale folded into the softmax scale, v_scale into the epilogue.",
+    ),
+    SolutionSpec(
         name="cuda_fp8kv",
         definition=PAGED_FP8,
         backend="cuda",
@@ -404,9 +421,10 @@ SOLUTIONS += [
         entry_point="prefill_entry.cu::run_paged_ps64_fp8kv",
         sources=CUDA_SOURCES,
         description="CUDA C++ flash attention forward over an FP8 (e4m3) paged cache: the paged "
-        "Hopper kernel with an FP8 K/V loader (pages by TMA as FP8, converted to the query's "
-        "dtype in shared memory for wgmma); k_scale folded into the softmax scale, v_scale into "
-        "the epilogue.",
+        "causal kernels with an FP8 K/V loader. On sm_90a pages are staged by TMA as FP8 and the "
+        "producer warpgroup converts them to the query's dtype into the swizzled shared-memory "
+        "layout wgmma reads; otherwise mma.sync with FP8 rows converted in registers. k_scale "
+        "folded into the softmax scale, v_scale into the output.",
     ),
 ]
 

@@ -22,7 +22,8 @@ _FP8_NOTES = {
     "gqa_prefill_paged_fp8_kernel": ("", cuda_build.PORTABLE_SMEM),
     "gqa_prefill_paged_fp8_wgmma_kernel": (
         " (producer 40, consumers 232)",
-        "225 KiB (Q, 2 K + 2 V stages of 128 keys, output, FP8 staging of one K and one V tile)",
+        "225 KiB (Q, 2 K + 2 V stages of 128 keys, FP8 staging of 2 K + 2 V tiles,"
+        " one pair in the output buffer)",
     ),
 }
 # The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.

@@ -116,7 +116,9 @@ def test_hopper_fp8_kernel_stages_pages_by_tma_and_converts(builds):
                 # The bf16 paged kernel's: 2 x 8 (S, P V in the loop) + 128 / 16 x 2 (prologue S,
                 # last P V).
                 assert code.count("HGMMA.64x128x16.F32") == 2 * 8 + 2 * 128 // 16, names[0]
-                assert "UTMALDG.4D" in code and "UTMALDG.3D" in code and "LDGSTS" not in code
+                # K/V by TMA; the only cp.async: the leader's 4-byte page ids (LDGSTS.E).
+                assert "UTMALDG.4D" in code and "UTMALDG.3D" in code
+                assert "LDGSTS.E.BYPASS" not in code and "LDGSTS.E.128" not in code
                 assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in code  # the producer: 40 registers
                 conversion = "HMUL2.BF16" if dtype == "__nv_bfloat16" else "F2FP.F16.E4M3.UNPACK_B"
                 assert conversion in code, names[0]

@@ -3,6 +3,8 @@
 // shared-memory layout and schedule are in hopper_layout.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "epilogue.cuh"
 #include "hopper_layout.cuh"
 #include "kernel_config.cuh"
@@ -63,6 +65,14 @@ namespace gqa_prefill {
 #else
 #define GQA_WGMMA_BOUNDS __launch_bounds__(kWgmmaStubThreads, 1)
 #endif
+
+// Whether a TileLoader uses the output buffer for itself (kUsesOutputBuffer; the FP8 loader's
+// staging): then the consumers write O from registers.
+template <typename L, typename = void>
+struct LoaderUsesOutputBuffer : std::false_type {};
+template <typename L>
+struct LoaderUsesOutputBuffer<L, std::void_t<decltype(L::kUsesOutputBuffer)>>
+    : std::bool_constant<L::kUsesOutputBuffer> {};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams);
@@ -352,6 +362,23 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     }
     if constexpr (Kv::kScalesOutput) scale_output(acc, args.v_scale);
 
+    if constexpr (LoaderUsesOutputBuffer<Loader>::value) {
+      // The loader stages in the output buffer: each lane writes its packed pairs (4 bytes)
+      // straight from registers, as the portable kernel's threads would without staging.
+      T* out_tile = static_cast<T*>(p.out) +
+                    (int64_t(t.q_row0) * kNumHeads + w.kv_head * kGroupSize) * kHeadDim;
+      normalize_rows<T>(p, t, w.kv_head, acc, row_max, row_sum, warp, lane,
+                        [&](int row, int db, uint32_t pair) {
+                          const int token = row / kGroupSize;
+                          if (token < t.tile_tokens) {
+                            *reinterpret_cast<uint32_t*>(
+                                out_tile + (int64_t(token) * kNumHeads + row % kGroupSize) *
+                                               kHeadDim +
+                                db * 8 + quad_lane * 2) = pair;
+                          }
+                        });
+      continue;
+    }
     // Epilogue: each warpgroup stages its own 64 rows (swizzled, conflict-free) and writes
     // them out; the barriers keep its threads from overwriting rows still being read.
     // Its addresses are computed here from opaque copies: hoisted out of the item loop, they

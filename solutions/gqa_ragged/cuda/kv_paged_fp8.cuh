@@ -121,26 +121,40 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4 (&out)[2]) {
 }
 
 // The FP8 Hopper kernel's shared memory: the causal kernel's (HopperSmem<true>, before its
-// alignment slack), then two mbarriers (K staged, V staged) and the K and V staging tiles.
+// alignment slack), its output buffer holding FP8 staging buffer 0 (the consumers write O from
+// registers: PageFp8Loader::kUsesOutputBuffer), then six mbarriers (K staged, V staged and
+// consumed, per staging buffer), the leader's state and staging buffer 1. A staging buffer:
+// one 128-key tile of K (16 KiB) then one of V.
 struct Fp8Smem {
-  static constexpr uint32_t kStagedK = HopperSmem<true>::kItems + 128, kStagedV = kStagedK + 8;
+  static constexpr uint32_t kStagedK = HopperSmem<true>::kItems + 128;  // + 8 * buffer
+  static constexpr uint32_t kStagedV = kStagedK + 16, kConsumed = kStagedV + 16;
   // The leader's state, kept here rather than in registers (the producer has 40): the next
   // tile's two page ids, and whether the item so far met an id out of range.
-  static constexpr uint32_t kNextIds = kStagedV + 8, kItemBad = kNextIds + 8;
-  static constexpr uint32_t kStageK = kStagedK + 128;  // 128-byte aligned
-  static constexpr uint32_t kStageV = kStageK + kFp8TileBytes;
-  static constexpr uint32_t kBytes = kStageV + kFp8TileBytes + 1024;  // + the alignment slack
+  static constexpr uint32_t kNextIds = kConsumed + 16, kItemBad = kNextIds + 8;
+  static constexpr uint32_t kBuffer0 = HopperSmem<true>::kO;
+  static constexpr uint32_t kBuffer1 = kStagedK + 128;  // 128-byte aligned
+  static constexpr uint32_t kBytes = kBuffer1 + 2 * kFp8TileBytes + 1024;  // + alignment slack
+  static_assert(kItemBad + 4 <= kBuffer1, "the barriers and the leader's state fit");
+  static_assert(HopperTiles<true>::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
+                "staging buffer 0 fits in the output buffer");
   static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+  __host__ __device__ static constexpr uint32_t buffer(uint32_t b) {
+    return b ? kBuffer1 : kBuffer0;
+  }
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// The Hopper producer's K/V tiles from FP8 pages (see the top of the file). The leader (thread
-// 0) reads the page ids a tile ahead and issues the TMA boxes, as PageTmaLoader does (a missing
-// page or an id out of range: coordinate -1, zeros); all 128 threads convert. Thread t converts
-// 16-byte FP8 chunk t % 8 of rows t / 8 + 16 i (i = 0 .. 7): 8 threads read one 128-byte row
-// (conflict-free); their two 16-byte stores go to 8 distinct bank groups per phase (the second
-// half's threads store their odd chunk first). T: q's dtype, the converted tiles'.
+// The Hopper producer's K/V tiles from FP8 pages (see the top of the file). Two staging buffers,
+// tile c (counted over the CTA's items) in buffer c % 2: the leader (thread 0) stages an item's
+// first two tiles when it starts it, and tile c + 2 of the item as soon as all 128 threads have
+// converted tile c (the buffer's consumed barrier), so that each TMA has a tile's conversion
+// (and the consumers' wait on the ring) to land in. It reads the page ids a tile ahead
+// (cp.async, waited for at the next staging) and stages each page as PageTmaLoader does (a
+// missing page or an id out of range: coordinate -1, zeros); all 128 threads convert. Thread t
+// converts 16-byte FP8 chunk t % 8 of rows t / 8 + 16 i (i = 0 .. 7): 8 threads read one 128-byte
+// row (conflict-free); their two 16-byte stores go to 8 distinct bank groups per phase (the
+// second half's threads store their odd chunk first). T: q's dtype, the converted tiles'.
 template <typename T>
 struct PageFp8Loader {
   static constexpr int kPageSize = 64;
@@ -149,7 +163,7 @@ struct PageFp8Loader {
   static constexpr int kVFullArrivals = kThreads;
   static constexpr bool kGenericProxyWrites = false;  // each thread fences before it arrives
   static constexpr bool kZeroesVTail = false;         // converted as zeros
-  static constexpr int kBarrierId = 4;                // named barrier of the producer warpgroup
+  static constexpr bool kUsesOutputBuffer = true;     // staging buffer 0: O goes out directly
 
   // All 128 threads work: 40 registers each (the most that the consumers' 232 leave).
   template <typename Tiles>
@@ -159,8 +173,9 @@ struct PageFp8Loader {
 
   const HopperParams& hp;
   const PageTable& pages;
-  uint32_t parity;  // of the staging barriers' current phase
-  int rows;         // keys of the sequence in the current tile (V rows past them: zeros)
+  uint32_t count;  // tiles converted so far (all items): buffer count % 2, parity (count / 2) % 2
+  int tile;        // the item's tile being converted
+  int rows;        // keys of the sequence in it (V rows past them: zeros)
 
   // This thread, 0 .. 127 (threadIdx.x: no register held for it).
   __device__ __forceinline__ static int thread() { return threadIdx.x; }
@@ -172,14 +187,17 @@ struct PageFp8Loader {
 
   __device__ __forceinline__ PageFp8Loader(const HopperParams& hp, const PageTable& pages,
                                            int /*thread*/)
-      : hp(hp), pages(pages), parity(0) {
+      : hp(hp), pages(pages), count(0) {
     const uint32_t base = smem_base();
     if (thread() == 0) {
-      mbarrier_init(base + Fp8Smem::kStagedK, 1);
-      mbarrier_init(base + Fp8Smem::kStagedV, 1);
+      for (int b = 0; b < 2; ++b) {
+        mbarrier_init(base + Fp8Smem::kStagedK + 8 * b, 1);
+        mbarrier_init(base + Fp8Smem::kStagedV + 8 * b, 1);
+        mbarrier_init(base + Fp8Smem::kConsumed + 8 * b, kThreads);
+      }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    named_barrier_sync(kBarrierId, kThreads);
+    named_barrier_sync(4, kThreads);
   }
 
   __device__ __forceinline__ void prefetch_descriptors() const {
@@ -191,29 +209,27 @@ struct PageFp8Loader {
   __device__ __forceinline__ static int pages_of(const WorkItem& w) {
     return (w.t.seq_kv + kPageSize - 1) / kPageSize;
   }
+  __device__ __forceinline__ static int tiles_of(const WorkItem& w) {
+    return (w.t.kv_len + 2 * kPageSize - 1) / (2 * kPageSize);
+  }
+  // Leader: the ids of tile n into kNextIds, asynchronously (a page past the list: 0).
   __device__ __forceinline__ void fetch_ids(const WorkItem& w, int n) const {
     const int* ids = pages.kv_indices + w.t.kv_start + 2 * n;
-    const int first = __ldg(ids);  // tile n exists: it has at least one key of the sequence
-    const int second = 2 * n + 1 < pages_of(w) ? __ldg(ids + 1) : 0;
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(smem_base() + Fp8Smem::kNextIds),
-                 "r"(first), "r"(second) : "memory");
-  }
-  __device__ __forceinline__ void start_item(const WorkItem& w) {
-    if (thread() == 0) {
-      st_shared_u32(smem_base() + Fp8Smem::kItemBad, 0);
-      if (w.t.kv_len > 0) fetch_ids(w, 0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                       smem_base() + Fp8Smem::kNextIds + 4 * i),
+                   "l"(ids + i), "r"(2 * n + i < pages_of(w) ? 4 : 0)
+                   : "memory");
     }
+    cp_async_commit();
   }
-
-  // Waits until every thread is done with the staging tiles (the previous tile's conversions),
-  // then the leader stages tile n's K and V.
-  template <typename Tiles>
-  __device__ __forceinline__ void start_tile(const WorkItem& w, int n) {
-    static_assert(Tiles::kBlockN == 2 * kPageSize, "a K/V tile is two pages");
-    rows = w.t.seq_kv - n * Tiles::kBlockN;
-    named_barrier_sync(kBarrierId, kThreads);
-    if (thread() != 0) return;
-    const uint32_t base = smem_base();
+  // Leader: tile n of the item (tile c of the CTA) into buffer c % 2 once its previous tile is
+  // converted; then the next tile's ids.
+  __device__ __forceinline__ void stage_tile(const WorkItem& w, int n, uint32_t c) const {
+    const uint32_t base = smem_base(), b = c % 2;
+    mbarrier_wait(base + Fp8Smem::kConsumed + 8 * b, ((c / 2) & 1) ^ 1);
+    cp_async_wait_all();
     int coords[2];
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                  : "=r"(coords[0]), "=r"(coords[1]) : "r"(base + Fp8Smem::kNextIds) : "memory");
@@ -226,63 +242,105 @@ struct PageFp8Loader {
       coords[i] = listed && in_range ? coords[i] : -1;
     }
     if (bad) st_shared_u32(base + Fp8Smem::kItemBad, 1);
-    if ((n + 1) * Tiles::kBlockN < w.t.kv_len) fetch_ids(w, n + 1);
-    stage(hp.k_map, Fp8Smem::kStageK, Fp8Smem::kStagedK, w.kv_head, coords);
-    stage(hp.v_map, Fp8Smem::kStageV, Fp8Smem::kStagedV, w.kv_head, coords);
+    const uint32_t tile_at = Fp8Smem::buffer(b);
+    stage(hp.k_map, tile_at, Fp8Smem::kStagedK + 8 * b, w.kv_head, coords);
+    stage(hp.v_map, tile_at + kFp8TileBytes, Fp8Smem::kStagedV + 8 * b, w.kv_head, coords);
+    if (n + 1 < tiles_of(w)) fetch_ids(w, n + 1);
   }
-  __device__ __forceinline__ void stage(const CUtensorMap& map, uint32_t tile, uint32_t bar,
+  __device__ __forceinline__ void stage(const CUtensorMap& map, uint32_t tile_at, uint32_t bar,
                                         int kv_head, const int (&coords)[2]) const {
     const uint32_t base = smem_base();
     mbarrier_arrive_expect_tx(base + bar, kFp8TileBytes);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      tma_load_4d(base + tile + i * kPageSize * kFp8RowBytes, map, base + bar, 0, kv_head, 0,
+      tma_load_4d(base + tile_at + i * kPageSize * kFp8RowBytes, map, base + bar, 0, kv_head, 0,
                   coords[i]);
     }
   }
 
+  // The leader stages the item's first two tiles.
+  __device__ __forceinline__ void start_item(const WorkItem& w) {
+    if (thread() == 0) {
+      st_shared_u32(smem_base() + Fp8Smem::kItemBad, 0);
+      const int tiles = tiles_of(w);
+      if (tiles > 0) {
+        fetch_ids(w, 0);
+        stage_tile(w, 0, count);
+      }
+      if (tiles > 1) stage_tile(w, 1, count + 1);
+    }
+  }
+
+  template <typename Tiles>
+  __device__ __forceinline__ void start_tile(const WorkItem& w, int n) {
+    static_assert(Tiles::kBlockN == 2 * kPageSize, "a K/V tile is two pages");
+    tile = n;
+    rows = w.t.seq_kv - n * Tiles::kBlockN;
+  }
+
   template <typename Tiles>
   __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem&) {
-    mbarrier_wait(smem_base() + Fp8Smem::kStagedK, parity);
-    convert<Tiles>(smem_base() + Fp8Smem::kStageK, dst, Tiles::kBlockN);
+    const uint32_t b = count % 2;
+    mbarrier_wait(smem_base() + Fp8Smem::kStagedK + 8 * b, (count / 2) & 1);
+    convert<Tiles, false>(smem_base() + Fp8Smem::buffer(b), dst, 0);
     fence_proxy_async();  // generic writes -> the wgmma's (async proxy) reads
     mbarrier_arrive(full);
   }
   template <typename Tiles>
   __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
-                                         const WorkItem&) {
-    mbarrier_wait(smem_base() + Fp8Smem::kStagedV, parity);
-    convert<Tiles>(smem_base() + Fp8Smem::kStageV, dst, rows);
-    // The item's flag, released by the arrival.
-    if (thread() == 0) st_shared_u32(flags, ld_shared_u32(smem_base() + Fp8Smem::kItemBad));
+                                         const WorkItem& w) {
+    const uint32_t base = smem_base(), b = count % 2;
+    mbarrier_wait(base + Fp8Smem::kStagedV + 8 * b, (count / 2) & 1);
+    convert<Tiles, true>(base + Fp8Smem::buffer(b) + kFp8TileBytes, dst, rows);
+    mbarrier_arrive(base + Fp8Smem::kConsumed + 8 * b);  // the staged tile is read
+    if (thread() == 0) {
+      // The item's flag (every tile staged by the last one), released by the arrival.
+      st_shared_u32(flags, ld_shared_u32(base + Fp8Smem::kItemBad));
+    }
     fence_proxy_async();
     mbarrier_arrive(full);
-    parity ^= 1;
+    if (thread() == 0 && tile + 2 < tiles_of(w)) stage_tile(w, tile + 2, count + 2);
+    ++count;
   }
 
-  // Staged rows [0, valid_rows) converted into the 16-bit tile at dst, the others zeros.
-  template <typename Tiles>
+  // The staged tile at src converted into the 16-bit tile at dst; kV: rows from valid_rows on
+  // are zeros (K rows past the sequence are masked by the consumers).
+  template <typename Tiles, bool kV>
   __device__ __forceinline__ void convert(uint32_t src, uint32_t dst, int valid_rows) const {
-    const int c16 = thread() % 8, j0 = c16 / 4;
-#pragma unroll 1
-    for (int i = 0; i < Tiles::kBlockN / 16; ++i) {
-      const int row = thread() / 8 + 16 * i;
-      uint4 in = {0u, 0u, 0u, 0u};
-      if (row < valid_rows) {
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(in.x), "=r"(in.y), "=r"(in.z), "=r"(in.w)
-                     : "r"(src + row * kFp8RowBytes + c16 * 16));
-      }
-#pragma unroll 1
-      for (int jj = 0; jj < 2; ++jj) {
-        const int j = jj ^ j0;  // dims 16 c16 + 8 j .. + 7
-        uint4 out = {0u, 0u, 0u, 0u};
-        if (row < valid_rows) {
-          fp8x4_to<T>(j ? in.z : in.x, out.x, out.y);
-          fp8x4_to<T>(j ? in.w : in.y, out.z, out.w);
+    const int c16 = thread() % 8, row0 = thread() / 8, j0 = c16 / 4;
+    // Rows row0 + 16 i: the same swizzle phase (row % 8), 2 KiB apart in both tiles.
+    const uint32_t from = src + row0 * kFp8RowBytes + c16 * 16;
+    const uint32_t to0 = dst + fp8_converted_offset(row0, c16, j0, Tiles::kKvHalfBytes);
+    const uint32_t to1 = dst + fp8_converted_offset(row0, c16, j0 ^ 1, Tiles::kKvHalfBytes);
+    // kRowsInFlight rows' loads are issued before the first conversion (their latency overlaps).
+    constexpr int kRowsInFlight = std::is_same_v<T, __nv_bfloat16> ? 2 : 1;  // fp16: spills at 2
+#pragma unroll
+    for (int g = 0; g < Tiles::kBlockN / 16; g += kRowsInFlight) {
+      uint4 in[kRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k) {
+        in[k] = {0u, 0u, 0u, 0u};
+        if (!kV || row0 + 16 * (g + k) < valid_rows) {
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "+r"(in[k].x), "+r"(in[k].y), "+r"(in[k].z), "+r"(in[k].w)
+                       : "r"(from + (g + k) * 16 * kFp8RowBytes));
         }
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         dst + fp8_converted_offset(row, c16, j, Tiles::kKvHalfBytes)),
+      }
+#pragma unroll
+      for (int k = 0; k < kRowsInFlight; ++k) {
+        const int i = g + k;
+        // Part j0 (dims 16 c16 + 8 j0 .. + 7) first.
+        const uint32_t a0 = j0 ? in[k].z : in[k].x, a1 = j0 ? in[k].w : in[k].y;
+        const uint32_t b0 = j0 ? in[k].x : in[k].z, b1 = j0 ? in[k].y : in[k].w;
+        uint4 out;
+        fp8x4_to<T>(a0, out.x, out.y);
+        fp8x4_to<T>(a1, out.z, out.w);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to0 + i * 16 * 128),
+                     "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
+                     : "memory");
+        fp8x4_to<T>(b0, out.x, out.y);
+        fp8x4_to<T>(b1, out.z, out.w);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to1 + i * 16 * 128),
                      "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
                      : "memory");
       }

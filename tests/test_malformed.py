@@ -99,11 +99,13 @@ def test_malformed_batch_with_window(solution, batch):
 
 
 def paged_cases():
+    """Under the interpreter half the batches (CI's time budget): page size 64 the even ones, page
+    size 1 the odd ones, so every kind of fault runs once; on a GPU all of them."""
     return [
         pytest.param(name, batch, id=f"{name}-{batch.id}")
         for name in solutions(tuple(PAGE_SIZES))
-        for batch in MALFORMED_PAGED_BATCHES
-        if name.endswith(f"_ps{batch.page_size}")
+        for i, batch in enumerate(MALFORMED_PAGED_BATCHES)
+        if name.endswith(f"_ps{batch.page_size}") and (HAS_CUDA or (i + batch.page_size) % 2 == 0)
     ]
 
 
@@ -116,8 +118,8 @@ def test_malformed_paged_batch(solution, batch):
     check_malformed_paged_outputs(run_guarded(solution, inputs), expected)
 
 
-# Under the interpreter every other batch (CI's time budget); on a GPU all of them.
-FP8_BATCHES = MALFORMED_FP8_BATCHES if HAS_CUDA else MALFORMED_FP8_BATCHES[::2]
+# Under the interpreter the odd batches (page size 64's bf16 run takes the even ones); on a GPU all.
+FP8_BATCHES = MALFORMED_FP8_BATCHES if HAS_CUDA else MALFORMED_FP8_BATCHES[1::2]
 
 
 @pytest.mark.parametrize("solution", solutions((PAGED_FP8,)))

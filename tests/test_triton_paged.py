@@ -90,8 +90,18 @@ def gathered_ragged(case, inputs):
     return q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, sm_scale
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+# Each config on two cases (one of each page size), each case under two or three configs: the
+# interpreter takes ~10 s a case on CI's 2 cores.
+CONFIG_CASES = [
+    pytest.param(
+        config, CASES[(i + j) % len(CASES)], id=f"{config}-{CASES[(i + j) % len(CASES)].id}"
+    )
+    for i, config in enumerate(CONFIGS)
+    for j in (0, 1)
+]
+
+
+@pytest.mark.parametrize("config,case", CONFIG_CASES)
 def test_paged_is_the_ragged_kernel_on_gathered_kv(config, case):
     module = triton_module()
     inputs = make_inputs(case, DEVICE, seed=11)

@@ -4,7 +4,8 @@ one.
 1. The FP8 variant lowers and compiles for sm_90a here (bfloat16; float16 too for its
    registers): the producer warpgroup loads each page as FP8 by TMA (one box per page) into
    staging buffers and converts them, vectorized, into the 16-bit ring the wgmma reads; v_scale
-   scales the output in the epilogue; no spills at its 64 / 224 register split.
+   scales the output in the epilogue; no spills at its 72 / 216 register split, which fits the
+   registers the launch gives the block (setmaxnreg.inc past them never returns).
 2. The entry's host logic on the CPU (a stand-in kernel records what it is given): k_scale folded
    into the softmax scale, v_scale passed on, the negative-scale rule on the folded scale, the
    FP8 plan apart from the 16-bit one; the argument checks raise a ValueError naming the
@@ -93,14 +94,29 @@ def test_fp8_loads_pages_by_tma_and_converts():
 
 @pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)
 def test_fp8_compiles_without_register_spills(dtype):
-    """The converting producer warpgroup runs on 64 registers (56 spilled; float16 spilled at 64
-    while its V gather was unrolled) beside 224 for each consumer warpgroup: both dtypes, their
+    """The converting producer warpgroup runs on 72 registers (56 spilled; float16 spilled at 64
+    while its V gather was unrolled) beside 216 for each consumer warpgroup: both dtypes, their
     conversions differ."""
     source, _, ptxas = compiled(dtype)
-    assert "tl::warpgroup_reg_dealloc<64>" in source
-    assert "tl::warpgroup_reg_alloc<224>" in source
+    assert "tl::warpgroup_reg_dealloc<72>" in source
+    assert "tl::warpgroup_reg_alloc<216>" in source
     assert "Used 168 registers" in ptxas
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+@pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)
+def test_fp8_register_split_fits_the_launch(dtype):
+    """setmaxnreg moves registers within the block's pool, what the launch gave it (ptxas's count
+    a thread times the threads), and setmaxnreg.inc blocks until the pool has enough: a split
+    over it hangs the kernel. 64 / 224 asked 64 x 128 + 224 x 256 = 65536 of 168 x 384 = 64512:
+    one consumer warpgroup never got its registers, the launch never completed on the H100."""
+    source, _, ptxas = compiled(dtype)
+    (threads,) = map(int, re.findall(r"__launch_bounds__\((\d+), 1\)", source))
+    (launch,) = map(int, re.findall(r"Used (\d+) registers", ptxas))
+    (producer,) = map(int, re.findall(r"tl::warpgroup_reg_dealloc<(\d+)>", source))
+    (consumer,) = map(int, re.findall(r"tl::warpgroup_reg_alloc<(\d+)>", source))
+    assert threads == 384 and producer % 8 == 0 and consumer % 8 == 0
+    assert producer * 128 + consumer * (threads - 128) <= launch * threads
 
 
 # 2. The entry point's host logic on the CPU ----------------------------------------------------

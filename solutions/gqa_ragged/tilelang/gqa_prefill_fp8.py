@@ -113,7 +113,7 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
                 keys = T.if_then_else(
                     in_cache(kv, pages[p]), seq_kv - (k * block_N + p * page_size), 0
                 )
-                # Rolled (the producer's 64 registers): 8 rows a pass, 8 values a thread.
+                # Rolled (the producer's 72 registers): 8 rows a pass, 8 values a thread.
                 for i in T.unroll(page_size // GATHER_ROWS, annotations=ROLLED):
                     for r, c in T.Parallel(GATHER_ROWS, HEAD_DIM):
                         slot = i * GATHER_ROWS + r
@@ -155,7 +155,9 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
     fp8 = SimpleNamespace(**vars(source))
     fp8.kernel, fp8.alloc_scratch, fp8.LoadTile = kernel, alloc_scratch, LoadTile
     fp8.loader_warps = LOADER_THREADS // 32
-    fp8.producer_regs = 64  # 56 spills; 2 x 224 + 64 = 512 (setmaxnreg)
+    # setmaxnreg within the launch's 168 a thread: 72 + 2 x 216 = 504 = 3 x 168 (64 / 224 asked
+    # 512: the consumers' setmaxnreg.inc never returned, the kernel hung). 0 spills both dtypes.
+    fp8.producer_regs, fp8.consumer_regs = 72, 216
     fp8.out_scale = lambda kv: kv[7]
     fp8.CopyK = fp8.CopyV = None  # the warp-specialized program only
     return fp8

@@ -92,9 +92,18 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     if kv_source.loader_warps > 1:
         # FA3's split for 2 consumer warpgroups beside a cp.async producer warpgroup is 40 /
         # 232; the gathering warps here spill below 56 (ptxas; tests check it), the FP8
-        # converting ones below 64 (its source's producer_regs).
+        # converting ones below 64 (its source's producer_regs and consumer_regs).
         assert num_consumers == 2, "the loader warps' register split is for 2 consumers"
-        producer_regs, consumer_regs = getattr(kv_source, "producer_regs", 56), 224
+        producer_regs = getattr(kv_source, "producer_regs", 56)
+        consumer_regs = getattr(kv_source, "consumer_regs", 224)
+    # setmaxnreg moves registers within the block's own pool, what the launch gave it: ptxas's
+    # count per thread (65536 / threads down to a multiple of 8: 168 for 384 threads) times the
+    # threads. A split over it never returns from the consumers' setmaxnreg.inc (the FP8 split
+    # 64 / 224 asked 1024 registers more than 3 x 168: the kernel hung on the H100).
+    launch_regs = 65536 // threads // 8 * 8
+    assert producer_regs * 128 + consumer_regs * consumer_threads <= launch_regs * threads, (
+        f"register split {producer_regs} / {consumer_regs} over the block's {launch_regs}"
+    )
     num_items = NUM_HEADS * num_slots
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow

@@ -5,6 +5,7 @@ of every kernel: used by tests/test_cuda_build.py and scripts/cuda_resources.py 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -88,3 +89,22 @@ def resources_markdown(output: str, arch: str = "sm_90a") -> str:
         smem = DYNAMIC_SMEM[key]
         lines.append(f"| `{name}` | {registers} | {stores} / {loads} | {stack} | {smem} |")
     return "\n".join(lines) + "\n"
+
+
+def cuobjdump() -> str:
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return shutil.which("cuobjdump") or str(bundled)
+
+
+def sass(obj: Path) -> dict:
+    """{function: its instructions}, addresses and comments stripped."""
+    text = subprocess.run([cuobjdump(), "-sass", str(obj)], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    functions = {}
+    for block in re.split(r"\n\s*Function : ", text)[1:]:
+        name, _, body = block.partition("\n")
+        lines = (re.sub(r"/\*.*?\*/", "", line).strip() for line in body.splitlines())
+        functions[name.strip()] = [line for line in lines if line]
+    return functions

@@ -6,7 +6,6 @@ kernel (cuobjdump -sass, addresses and /* */ comments stripped) and ptxas's reso
     python scripts/cuda_sass_identity.py [git ref]
 """
 
-import re
 import shutil
 import subprocess
 import sys
@@ -20,31 +19,12 @@ from prefill_bundle import REPO_ROOT, cuda_build
 FOLDER = cuda_build.SOURCE_DIR.relative_to(REPO_ROOT).as_posix()
 
 
-def cuobjdump() -> str:
-    import triton
-
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return shutil.which("cuobjdump") or str(bundled)
-
-
-def sass(obj: Path) -> dict:
-    """{function: its instructions}, addresses and comments stripped."""
-    text = subprocess.run([cuobjdump(), "-sass", str(obj)], capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
-    functions = {}
-    for block in re.split(r"\n\s*Function : ", text)[1:]:
-        name, _, body = block.partition("\n")
-        lines = (re.sub(r"/\*.*?\*/", "", line).strip() for line in body.splitlines())
-        functions[name.strip()] = [line for line in lines if line]
-    return functions
-
-
 def build(source_dir: Path, arch: str, out: Path) -> tuple:
     """(SASS by function, ptxas resources by kernel) of source_dir's prefill_entry.cu."""
     cuda_build.SOURCE_DIR, cuda_build.ENTRY = source_dir, source_dir / "prefill_entry.cu"
     returncode, log = cuda_build.compile_entry(shutil.which("nvcc"), arch, out, True)
     assert returncode == 0, log
-    return sass(out), cuda_build.ptxas_report(log)
+    return cuda_build.sass(out), cuda_build.ptxas_report(log)
 
 
 def main():

@@ -19,18 +19,16 @@ with a negative sm_scale (the portable kernel), against the reference. The share
 (tests/test_solutions.py::test_fp8_kv_cache) covers GPU_FP8_CASES.
 """
 
-import re
 import shutil
 import subprocess
 import tarfile
 from io import BytesIO
-from pathlib import Path
 
 import pytest
 import torch
 
 from prefill_bundle import REPO_ROOT
-from prefill_bundle.cuda_build import SOURCE_DIR, compile_entry, ptxas_report
+from prefill_bundle.cuda_build import SOURCE_DIR, compile_entry, ptxas_report, sass
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -44,25 +42,6 @@ DTYPES = ("__half", "__nv_bfloat16")
 
 def fp8_name(kernel: str, dtype: str) -> str:
     return f"{len(kernel)}{kernel}I{len(dtype)}{dtype}EEv"
-
-
-def cuobjdump() -> str:
-    import triton
-
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return shutil.which("cuobjdump") or str(bundled)
-
-
-def sass(obj: Path) -> dict:
-    """{function: its instructions}, addresses and comments stripped."""
-    text = subprocess.run([cuobjdump(), "-sass", str(obj)], capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
-    functions = {}
-    for block in re.split(r"\n\s*Function : ", text)[1:]:
-        name, _, body = block.partition("\n")
-        lines = (re.sub(r"/\*.*?\*/", "", line).strip() for line in body.splitlines())
-        functions[name.strip()] = [line for line in lines if line]
-    return functions
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +75,11 @@ def test_fp8_kernels_compile_without_spills(builds):
     report = ptxas_report(builds["80"][1])
     for dtype in DTYPES:
         fp8 = [v for k, v in report.items() if fp8_name(FP8_KERNELS[0], dtype) in k]
-        paged = [v for k, v in report.items() if f"24gqa_prefill_paged_kernelI{len(dtype)}{dtype}Li64E" in k]  # noqa: E501
+        paged = [
+            v
+            for k, v in report.items()
+            if f"24gqa_prefill_paged_kernelI{len(dtype)}{dtype}Li64E" in k
+        ]
         assert len(fp8) == 1 and len(paged) == 1, list(report)
         # Its synchronous FP8 loads (8 bytes, converted in registers) cost 12 / 8 bytes of
         # spills more than the cp.async of the bf16 kernel there (which spills 48 / 76 on sm_80).
@@ -193,9 +176,19 @@ def helpers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fp8_helpers")
     (folder / "driver.cu").write_text(DRIVER)
     build = subprocess.run(
-        [NVCC, "-std=c++17", "-O1", "-arch=sm_80", f"-I{SOURCE_DIR}", str(folder / "driver.cu"),
-         "-o", str(folder / "driver")],  # fmt: skip
-        capture_output=True, text=True, timeout=600,
+        [
+            NVCC,
+            "-std=c++17",
+            "-O1",
+            "-arch=sm_80",
+            f"-I{SOURCE_DIR}",
+            str(folder / "driver.cu"),
+            "-o",
+            str(folder / "driver"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(folder / "driver")], capture_output=True, text=True, check=True)
@@ -300,12 +293,14 @@ ERRORS = {
     "v_scale_str": (dict(v_scale="1"), "v_scale: expected a finite float, got str '1'"),
     "product_overflows": (
         dict(k_scale=1e300, sm_scale=1e10),
-        "k_scale: expected a finite float whose product with sm_scale is finite, got float "
-        "1e+300",
+        "k_scale: expected a finite float whose product with sm_scale is finite, got float 1e+300",
     ),
     "page_stride_8": (
-        dict(v_cache=torch.zeros(2 * 65536 + 8, dtype=torch.float8_e4m3fn).as_strided(
-            (2, 64, 8, 128), (65536 + 8, 1024, 128, 1))),  # fmt: skip
+        dict(
+            v_cache=torch.zeros(2 * 65536 + 8, dtype=torch.float8_e4m3fn).as_strided(
+                (2, 64, 8, 128), (65536 + 8, 1024, 128, 1)
+            )
+        ),  # fmt: skip
         "v_cache: expected pages dense inside and a page stride that is a multiple of 16 "
         "elements and at least one page, got float8_e4m3fn [2, 64, 8, 128] with strides "
         "[65544, 1024, 128, 1]",
@@ -337,13 +332,19 @@ def with_page_stride_of_two_pages(cache: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "case_args",
     [
-        dict(q_lens=(45, 300), kv_lens=(12, 4100), fp8_scales=(1 / 256, 1 / 128),
-             kv_magnitude=300.0),  # fmt: skip
+        dict(
+            q_lens=(45, 300), kv_lens=(12, 4100), fp8_scales=(1 / 256, 1 / 128), kv_magnitude=300.0
+        ),  # fmt: skip
         dict(q_lens=(100, 37), kv_lens=(100, 300), sm_scale=-0.3, fp8_scales=(2.0, 0.25)),
         # Cache values near 100 scaled to O(1): the check's absolute tolerance (1e-2) is for
         # outputs of order 1 (fp16 rounding of outputs near 125 alone is 0.06).
-        dict(q_lens=(129, 3), kv_lens=(257, 70), dtype=torch.float16, fp8_scales=(1 / 64, 1 / 128),
-             kv_magnitude=100.0),  # fmt: skip
+        dict(
+            q_lens=(129, 3),
+            kv_lens=(257, 70),
+            dtype=torch.float16,
+            fp8_scales=(1 / 64, 1 / 128),
+            kv_magnitude=100.0,
+        ),  # fmt: skip
     ],
     ids=["near_448_scales_1_256", "negative_sm_scale_portable", "fp16"],
 )

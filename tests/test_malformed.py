@@ -100,32 +100,27 @@ def test_malformed_batch_with_window(solution, batch):
 
 def paged_cases():
     """Under the interpreter half the batches (CI's time budget): page size 64 the even ones, page
-    size 1 the odd ones, so every kind of fault runs once; on a GPU all of them."""
-    return [
+    size 1 and the FP8 caches the odd ones, so every kind of fault runs once; on a GPU all."""
+    bf16 = [
         pytest.param(name, batch, id=f"{name}-{batch.id}")
         for name in solutions(tuple(PAGE_SIZES))
         for i, batch in enumerate(MALFORMED_PAGED_BATCHES)
         if name.endswith(f"_ps{batch.page_size}") and (HAS_CUDA or (i + batch.page_size) % 2 == 0)
     ]
+    fp8 = [
+        pytest.param(name, batch, id=f"{name}-{batch.id}")
+        for name in solutions((PAGED_FP8,))
+        for i, batch in enumerate(MALFORMED_FP8_BATCHES)
+        if HAS_CUDA or i % 2 == 1
+    ]
+    return bf16 + fp8
 
 
 @pytest.mark.parametrize("solution,batch", paged_cases())
 def test_malformed_paged_batch(solution, batch):
-    """Page ids, page offsets and last-page lengths out of range; q and the caches inside NaN
-    guard buffers (a page id read outside the cache would turn a computed row NaN)."""
-    inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
-    expected = malformed_paged_expected(batch, inputs)
-    check_malformed_paged_outputs(run_guarded(solution, inputs), expected)
-
-
-# Under the interpreter the odd batches (page size 64's bf16 run takes the even ones); on a GPU all.
-FP8_BATCHES = MALFORMED_FP8_BATCHES if HAS_CUDA else MALFORMED_FP8_BATCHES[1::2]
-
-
-@pytest.mark.parametrize("solution", solutions((PAGED_FP8,)))
-@pytest.mark.parametrize("batch", FP8_BATCHES, ids=lambda b: b.id)
-def test_malformed_fp8_batch(solution, batch):
-    """The page-size-64 batches over float8_e4m3fn caches (NaN guards of e4m3's NaN)."""
+    """Page ids, page offsets and last-page lengths out of range, bf16/fp16 and FP8 caches; q and
+    the caches inside NaN guard buffers (a page id read outside the cache would turn a computed
+    row NaN)."""
     inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
     expected = malformed_paged_expected(batch, inputs)
     check_malformed_paged_outputs(run_guarded(solution, inputs), expected)

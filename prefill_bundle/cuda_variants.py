@@ -1,0 +1,113 @@
+"""Variants of the CUDA solution: knob values (solutions/gqa_ragged/cuda/hopper_knobs.cuh) that
+instantiate its kernel templates. A variant is the packed solution with two lines before
+prefill_entry.cu: GQA_PREFILL_KNOBS naming its BuildKnobs<...> type (the one hook), and its own
+namespace (modules loaded into one process may share kernel symbols, and a variant must never
+launch another build's kernel). Every build is checked against the knobs it reports
+(built_knobs), so a hook the sources ignore cannot build the shipped kernels unnoticed. Used by
+scripts/tune_cuda.py and tests/test_cuda_knobs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, astuple, dataclass
+
+
+@dataclass(frozen=True)
+class HopperKnobs:
+    """One kernel family's knobs, in HopperKnobs<...>'s template parameter order."""
+
+    block_n: int  # keys per K/V tile
+    kv_stages: int  # K/V ring depth
+    producer_registers: int  # setmaxnreg (the paged gather and FP8 loaders set their own)
+    consumer_registers: int
+    fold_scale: bool  # scale folded into the exponentials, else the logits scaled first
+    own_output_buffer: bool  # output staged in a buffer of its own, else in Q's
+    persistent: bool  # one CTA per SM drawing items, else one CTA per item
+
+    def cpp(self) -> str:
+        values = (str(v).lower() if isinstance(v, bool) else str(v) for v in astuple(self))
+        return f"HopperKnobs<{', '.join(values)}>"
+
+
+# hopper_knobs.cuh's shipped_knobs(), checked against the shipped build's built_knobs.
+SHIPPED_CAUSAL = HopperKnobs(128, 2, 32, 232, True, True, True)
+SHIPPED_FULL = HopperKnobs(176, 2, 24, 240, True, False, False)
+SHIPPED_PAGED = SHIPPED_CAUSAL
+
+
+@dataclass(frozen=True)
+class BuildKnobs:
+    """Every knob of a build: the kernel families causal (ragged, padded, sliding window), full
+    (padded non-causal) and paged (page sizes 64 and 1, FP8), and the FP8 bf16 conversion."""
+
+    causal: HopperKnobs = SHIPPED_CAUSAL
+    full: HopperKnobs = SHIPPED_FULL
+    paged: HopperKnobs = SHIPPED_PAGED
+    fp8_bf16_bits: bool = True  # integer ops and a bf16x2 multiply, else the hardware cvt
+
+    def cpp(self) -> str:
+        families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))
+        return f"BuildKnobs<{families}, {str(self.fp8_bf16_bits).lower()}>"
+
+    def as_built(self) -> dict:
+        """What built_knobs() returns for a build of these knobs."""
+        return asdict(self)
+
+
+SHIPPED = BuildKnobs()
+ENTRY = "prefill_entry.cu"
+
+
+def variant_header(variant: str, knobs: BuildKnobs) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_]+", variant):
+        raise ValueError(f"{variant!r}: a variant's name becomes a C++ identifier")
+    # The arch list as a comment: flashinfer-bench's cache is keyed by the sources, not the arch.
+    arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST", "")
+    return (
+        f"// variant {variant}, TVM_FFI_CUDA_ARCH_LIST={arch}\n"
+        f"#define gqa_prefill gqa_prefill_{variant}\n"
+        f"#define GQA_PREFILL_KNOBS {knobs.cpp()}\n"
+    )
+
+
+def built_knobs(runnable) -> dict:
+    """The knobs a built solution reports (its built_knobs export, JSON)."""
+    import tvm_ffi
+
+    module = tvm_ffi.load_module(runnable.metadata.misc["binary"])
+    return json.loads(str(module.built_knobs()))
+
+
+def check_knobs(runnable, knobs: BuildKnobs, variant: str) -> None:
+    built = built_knobs(runnable)
+    if built != knobs.as_built():
+        raise RuntimeError(
+            f"variant {variant}: built with knobs {built}, asked for {knobs.as_built()}"
+        )
+
+
+def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
+    """The packed solution with these knobs ("default": the solution as it is, its knobs checked
+    against SHIPPED), built by flashinfer-bench under its own name and namespace."""
+    from flashinfer_bench.compile import BuilderRegistry
+
+    from .testing import build_solution, load_definition, load_solution
+
+    if variant == "default":
+        runnable = build_solution(solution_name)
+    else:
+        header = variant_header(variant, knobs)
+        solution = load_solution(solution_name)
+        sources = []
+        for source in solution.sources:
+            content = header + source.content if source.path == ENTRY else source.content
+            sources.append(source.model_copy(update={"content": content}))
+        copy = solution.model_copy(
+            update={"name": f"{solution_name}_{variant}", "sources": sources}
+        )
+        definition = load_definition(solution.definition)
+        runnable = BuilderRegistry.get_instance().build(definition, copy)
+    check_knobs(runnable, knobs, variant)
+    return runnable

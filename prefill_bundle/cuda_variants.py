@@ -1,5 +1,5 @@
 """Variants of the CUDA solution: knob values (solutions/gqa_ragged/cuda/hopper_knobs.cuh) that
-instantiate its kernel templates. A variant is the packed solution with two lines before
+instantiate its kernel templates. A variant is the packed solution with lines before
 prefill_entry.cu: GQA_PREFILL_KNOBS naming its BuildKnobs<...> type (the one hook), and its own
 namespace (modules loaded into one process may share kernel symbols, and a variant must never
 launch another build's kernel). Every build is checked against the knobs it reports
@@ -65,11 +65,13 @@ def variant_header(variant: str, knobs: BuildKnobs) -> str:
         raise ValueError(f"{variant!r}: a variant's name becomes a C++ identifier")
     # The arch list as a comment: flashinfer-bench's cache is keyed by the sources, not the arch.
     arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST", "")
-    return (
+    header = (
         f"// variant {variant}, TVM_FFI_CUDA_ARCH_LIST={arch}\n"
         f"#define gqa_prefill gqa_prefill_{variant}\n"
-        f"#define GQA_PREFILL_KNOBS {knobs.cpp()}\n"
     )
+    if variant != "default":  # else the sources' own knobs (shipped_knobs), checked: SHIPPED
+        header += f"#define GQA_PREFILL_KNOBS {knobs.cpp()}\n"
+    return header
 
 
 def built_knobs(runnable) -> dict:
@@ -89,25 +91,22 @@ def check_knobs(runnable, knobs: BuildKnobs, variant: str) -> None:
 
 
 def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
-    """The packed solution with these knobs ("default": the solution as it is, its knobs checked
-    against SHIPPED), built by flashinfer-bench under its own name and namespace."""
+    """The packed solution with these knobs ("default": with the sources' own, which must be
+    SHIPPED), built by flashinfer-bench under its own name and namespace."""
     from flashinfer_bench.compile import BuilderRegistry
 
-    from .testing import build_solution, load_definition, load_solution
+    from .testing import load_definition, load_solution
 
-    if variant == "default":
-        runnable = build_solution(solution_name)
-    else:
-        header = variant_header(variant, knobs)
-        solution = load_solution(solution_name)
-        fields = solution.model_dump()
-        for source in fields["sources"]:
-            if source["path"] == ENTRY:
-                source["content"] = header + source["content"]
-        # Validated anew: model_copy would keep the original's memoized hash, under which
-        # flashinfer-bench's registry hands back the build it already has (the shipped one).
-        copy = type(solution).model_validate({**fields, "name": f"{solution_name}_{variant}"})
-        definition = load_definition(solution.definition)
-        runnable = BuilderRegistry.get_instance().build(definition, copy)
+    header = variant_header(variant, knobs)
+    solution = load_solution(solution_name)
+    fields = solution.model_dump()
+    for source in fields["sources"]:
+        if source["path"] == ENTRY:
+            source["content"] = header + source["content"]
+    # Validated anew: model_copy would keep the original's memoized hash, under which
+    # flashinfer-bench's registry hands back the build it already has (the shipped one).
+    copy = type(solution).model_validate({**fields, "name": f"{solution_name}_{variant}"})
+    definition = load_definition(solution.definition)
+    runnable = BuilderRegistry.get_instance().build(definition, copy)
     check_knobs(runnable, knobs, variant)
     return runnable

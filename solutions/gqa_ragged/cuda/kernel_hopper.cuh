@@ -36,13 +36,13 @@ namespace gqa_prefill {
 //     memory, 16-byte coalesced stores).
 // setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
-// The shipped knobs (hopper_knobs.cuh) per family: causal kernels are persistent: the grid is one CTA per SM, and the producer takes the next
-// item with an atomic add on a per-stream counter (next_item), items ordered heaviest first,
-// so that SMs that drew short items take more. The last CTA to draw past the end zeroes the
-// counter, so the next launch on the stream finds it at 0 without a memset. While the
-// consumers finish an item, the producer already loads the next one's Q (causal tiles stage the
-// output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA per
-// item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
+// With the shipped knobs (hopper_knobs.cuh), causal kernels are persistent: the grid is one CTA per
+// SM, and the producer takes the next item with an atomic add on a per-stream counter (next_item),
+// items ordered heaviest first, so that SMs that drew short items take more. The last CTA to draw
+// past the end zeroes the counter, so the next launch on the stream finds it at 0 without a memset.
+// While the consumers finish an item, the producer already loads the next one's Q (causal tiles
+// stage the output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA
+// per item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
 // buffer: the output is staged in Q's buffer.
 //
 // Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
@@ -76,9 +76,9 @@ struct LoaderUsesOutputBuffer<L, std::void_t<decltype(L::kUsesOutputBuffer)>>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams) with
-// knobs Tiles (a HopperKnobs: hopper_knobs.cuh); kWindow: the causal mask's band is a sliding window of p.window_left keys (KeyBand): the
-// producer clips each item's keys to the band (consumers and loader see the clipped item), the
-// consumers mask its left edge too.
+// knobs Tiles (a HopperKnobs: hopper_knobs.cuh); kWindow: the causal mask's band is a sliding
+// window of p.window_left keys (KeyBand): the producer clips each item's keys to the band
+// (consumers and loader see the clipped item), the consumers mask its left edge too.
 template <typename T, bool kCausal, typename Kv, typename Tiles, bool kWindow = false>
 __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
                                                  const typename Kv::Args& args) {

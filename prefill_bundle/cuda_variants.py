@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import asdict, astuple, dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,16 @@ def variant_header(variant: str, knobs: BuildKnobs) -> str:
     if variant != "default":  # else the sources' own knobs (shipped_knobs), checked: SHIPPED
         header += f"#define GQA_PREFILL_KNOBS {knobs.cpp()}\n"
     return header
+
+
+def set_cuda_home() -> None:
+    """tvm-ffi takes CUDA_HOME from nvcc's grandparent folder; a wrapper script on PATH
+    (/usr/local/bin/nvcc) leaves it without lib64 for -lcudart (as in tests/conftest.py)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc and "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
+        if not (Path(nvcc).resolve().parent.parent / "lib64").exists():
+            if Path("/usr/local/cuda/lib64").exists():
+                os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
 
 def built_knobs(runnable) -> dict:

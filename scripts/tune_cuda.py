@@ -32,6 +32,7 @@ from prefill_bundle.cuda_variants import (
     SHIPPED_PAGED,
     BuildKnobs,
     build_variant,
+    set_cuda_home,
 )
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
@@ -109,13 +110,14 @@ def hopper_resources(binary: str) -> list:
 def compile_only(variants: list) -> None:
     """Each variant built for sm_90a as flashinfer-bench builds it, its knobs checked."""
     os.environ["TVM_FFI_CUDA_ARCH_LIST"] = "9.0a"  # the wgmma kernels exist only there
+    set_cuda_home()
     for variant in variants:
         start = time.time()
         runnable = build_variant("cuda_ragged", variant, VARIANTS[variant])
         print(f"{variant}: built for sm_90a in {time.time() - start:.0f} s, knobs as asked: "
               f"{VARIANTS[variant].cpp()}")  # fmt: skip
         for kernel, usage in hopper_resources(runnable.metadata.misc["binary"]):
-            print(f"    {kernel:70s} {usage}")
+            print(f"    {kernel:70s} {usage}", flush=True)
 
 
 def main():

@@ -74,7 +74,8 @@ struct HopperSmem {
                                                      128 * 128;
   static constexpr uint32_t kBytes = kItems + 128 + 1024;  // + slack for the 1024 alignment
   static_assert(kItemSlots * sizeof(WorkItem) <= 128, "the item slots fit");
-  static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+  static_assert(kBytes <= 227 * 1024,
+                "Hopper allows 227 KiB per CTA: fewer stages or keys, or no own output buffer");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -53,8 +53,9 @@ VARIANTS = {
         full=replace(SHIPPED_FULL, fold_scale=False),
         paged=replace(SHIPPED_PAGED, fold_scale=False),
     ),
-    # The full mask's 176-key tiles for the causal kernels: the 24 / 240 register split, and the
-    # output staged in Q's buffer (an own one would not fit: 240 KiB).
+    # The full mask's 176-key tiles for the causal kernels: the 24 / 240 register split (the
+    # ragged and window producers spill 24 bytes at 24), the output staged in Q's buffer (an own
+    # one would not fit: 240 KiB).
     "causal_block_n_176": BuildKnobs(
         causal=replace(
             SHIPPED_CAUSAL,
@@ -101,7 +102,9 @@ def hopper_resources(binary: str) -> list:
     for name, usage in re.findall(r"Function (\S+):\n\s*(.*)", text):
         if "wgmma_kernel" in name:
             fields = dict(re.findall(r"(\w+):(\d+)", usage))
-            kernel = re.search(r"(gqa_prefill\w*_kernel)I(\w+?)E+v", name).group(0)
+            # The kernel's name and template arguments, without the variant's namespace.
+            kernel = re.search(r"gqa_prefill(?:(?!gqa_prefill)\w)*?_kernelI\w*?E(?=E*v)", name)
+            kernel = kernel.group(0)
             rows.append((kernel, f"REG:{fields['REG']} STACK:{fields['STACK']} "
                                  f"LOCAL:{fields['LOCAL']}"))  # fmt: skip
     return sorted(rows)

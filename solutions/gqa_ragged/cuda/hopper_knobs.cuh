@@ -64,7 +64,8 @@ struct KnobValues {
 // The shipped knobs (the measurements: TUNING.md). Causal: 128-key tiles, persistent, an output
 // buffer of its own; the producer keeps 32 registers (its ragged sequence search spills at 24).
 // Full: 176-key tiles (FA3's choice for head_dim 128), which need 240 registers per consumer
-// thread and leave no room for an output buffer; one CTA per item (all cost the same).
+// thread and leave no room for an output buffer; one CTA per item (all cost the same). Paged:
+// the causal knobs (the gather and FP8 loaders keep 40 producer registers).
 constexpr KnobValues shipped_knobs(KernelFamily family) {
   return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, false}
                                        : KnobValues{128, 2, 32, 232, true, true, true};
@@ -79,8 +80,8 @@ using ShippedKnobs =
                 shipped_knobs(kFamily).own_output_buffer, shipped_knobs(kFamily).persistent>;
 
 // Every knob of a build: the three families' HopperKnobs, and kFp8Bf16Bits, the FP8 caches'
-// bf16 conversion (kv_paged_fp8.cuh; both FP8 kernels): 1 with integer ops and a bf16x2
-// multiply, 0 with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2.
+// bf16 conversion (kv_paged_fp8.cuh; both FP8 kernels): true with integer ops and a bf16x2
+// multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2.
 template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_>
 struct BuildKnobs {
   using CausalTiles = Causal;
@@ -100,8 +101,7 @@ using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
 using Knobs = GQA_PREFILL_KNOBS;
 
 template <bool kCausal>
-using HopperTiles =
-    std::conditional_t<kCausal, Knobs::CausalTiles, Knobs::FullTiles>;
+using HopperTiles = std::conditional_t<kCausal, Knobs::CausalTiles, Knobs::FullTiles>;
 using PagedHopperTiles = Knobs::PagedTiles;
 
 }  // namespace gqa_prefill

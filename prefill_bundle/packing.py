@@ -55,6 +55,7 @@ CUDA_SOURCES = (
     "epilogue.cuh",
     "kernel_portable.cuh",
     "ptx_sm90.cuh",
+    "hopper_knobs.cuh",
     "hopper_layout.cuh",
     "kv_contiguous.cuh",
     "kv_paged.cuh",

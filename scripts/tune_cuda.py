@@ -1,36 +1,87 @@
 """On the GPU: kernel time of variants of the CUDA solution against FlashInfer fa3 on the big
 padded shapes and two ragged batches, interleaved (A B A B; the card heats up within a call),
-each checked against FlashInfer's output first. A variant is the packed solution with knob
-macros defined at the top of prefill_entry.cu, built under its own name and namespace. Prints a
-table.
+each checked against FlashInfer's output first. Prints a table.
+
+A variant is a BuildKnobs (prefill_bundle/cuda_variants.py): knob values per kernel family
+(causal, full, paged) that instantiate the kernel templates (HopperKnobs<...> in
+solutions/gqa_ragged/cuda/hopper_knobs.cuh) through the one hook GQA_PREFILL_KNOBS, built under
+its own name and namespace. Every build reports the knobs it was built with (built_knobs) and
+is checked against the variant's: a hook the sources ignore raises instead of timing the
+shipped kernels. --compile-only builds each variant for sm_90a without a GPU, checks its knobs
+and lists its Hopper kernels' stack and local memory (non-zero: spills).
 
     TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
+    python scripts/tune_cuda.py --compile-only [variant ...]
 """
 
+import os
+import re
+import subprocess
 import sys
+import time
+from dataclasses import replace
 
 import torch
 import triton.testing
-from flashinfer_bench.compile import BuilderRegistry
 
+from prefill_bundle.cuda_build import cuobjdump
+from prefill_bundle.cuda_variants import (
+    SHIPPED,
+    SHIPPED_CAUSAL,
+    SHIPPED_FULL,
+    SHIPPED_PAGED,
+    BuildKnobs,
+    build_variant,
+    set_cuda_home,
+)
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,
-    load_definition,
-    load_solution,
     make_inputs,
     poisoned_outputs,
 )
 
-ENTRY = "prefill_entry.cu"
-# name: {knob macro: value}, defined at the top of prefill_entry.cu (before the includes);
-# "default" is the sources as they are. Measurements of earlier variants:
-# solutions/gqa_ragged/cuda/TUNING.md.
+# name: knobs; "default" is the sources as they are. Only the families CASES run matter for the
+# timings (causal, full); measurements of earlier variants: solutions/gqa_ragged/cuda/TUNING.md.
 VARIANTS = {
-    "default": {},
-    "unfolded_scale": {"GQA_PREFILL_FOLD_SCALE": "0"},  # scale the logits first, then exp2(s - max)
+    "default": SHIPPED,
+    # Scale the logits first (one FMUL each), then exp2(s - max).
+    "unfolded_scale": BuildKnobs(
+        causal=replace(SHIPPED_CAUSAL, fold_scale=False),
+        full=replace(SHIPPED_FULL, fold_scale=False),
+        paged=replace(SHIPPED_PAGED, fold_scale=False),
+    ),
+    # The full mask's 176-key tiles for the causal kernels: the 24 / 240 register split (the
+    # ragged and window producers spill 24 bytes at 24), the output staged in Q's buffer (an own
+    # one would not fit: 240 KiB).
+    "causal_block_n_176": BuildKnobs(
+        causal=replace(
+            SHIPPED_CAUSAL,
+            block_n=176,
+            producer_registers=24,
+            consumer_registers=240,
+            own_output_buffer=False,
+        )
+    ),
+    # A 3-stage K/V ring for the causal kernels, fitting 227 KiB without the output buffer.
+    "causal_3_stages": BuildKnobs(
+        causal=replace(SHIPPED_CAUSAL, kv_stages=3, own_output_buffer=False)
+    ),
+    # Non-causal with 128-key tiles, one CTA per item, then persistent (TUNING.md: 0.85, 0.81).
+    "full_block_n_128": BuildKnobs(
+        full=replace(SHIPPED_FULL, block_n=128, producer_registers=32, consumer_registers=232)
+    ),
+    "full_block_n_128_persistent": BuildKnobs(
+        full=replace(
+            SHIPPED_FULL,
+            block_n=128,
+            producer_registers=32,
+            consumer_registers=232,
+            persistent=True,
+        )
+    ),
 }
 CASES = [
     PaddedCase(8, 2048, 2048, True),
@@ -42,31 +93,52 @@ CASES = [
 ]
 
 
-def build_variant(solution_name: str, variant: str):
-    if variant == "default":
-        return build_solution(solution_name)
-    # Every variant's kernels in a namespace of their own: modules loaded into one process may
-    # share symbols, and a variant must never launch another build's kernel.
-    defines = {"gqa_prefill": f"gqa_prefill_{variant}", **VARIANTS[variant]}
-    header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    solution = load_solution(solution_name)
-    sources = []
-    for source in solution.sources:
-        content = header + source.content if source.path == ENTRY else source.content
-        sources.append(source.model_copy(update={"content": content}))
-    copy = solution.model_copy(update={"name": f"{solution_name}_{variant}", "sources": sources})
-    return BuilderRegistry.get_instance().build(load_definition(solution.definition), copy)
+def hopper_resources(binary: str) -> list:
+    """(kernel, "REG:.. STACK:.. LOCAL:..") of each wgmma kernel of an sm_90a build."""
+    text = subprocess.run([cuobjdump(), "-res-usage", binary], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    assert "arch = sm_90a" in text, f"{binary}: no sm_90a code"
+    rows = []
+    for name, usage in re.findall(r"Function (\S+):\n\s*(.*)", text):
+        if "wgmma_kernel" in name:
+            fields = dict(re.findall(r"(\w+):(\d+)", usage))
+            # The kernel's name and template arguments, without the variant's namespace.
+            kernel = re.search(r"gqa_prefill(?:(?!gqa_prefill)\w)*?_kernelI\w*?E(?=E*v)", name)
+            kernel = kernel.group(0)
+            rows.append((kernel, f"REG:{fields['REG']} STACK:{fields['STACK']} "
+                                 f"LOCAL:{fields['LOCAL']}"))  # fmt: skip
+    return sorted(rows)
+
+
+def compile_only(variants: list) -> None:
+    """Each variant built for sm_90a as flashinfer-bench builds it, its knobs checked."""
+    os.environ["TVM_FFI_CUDA_ARCH_LIST"] = "9.0a"  # the wgmma kernels exist only there
+    set_cuda_home()
+    for variant in variants:
+        start = time.time()
+        runnable = build_variant("cuda_ragged", variant, VARIANTS[variant])
+        print(f"{variant}: built for sm_90a in {time.time() - start:.0f} s, knobs as asked: "
+              f"{VARIANTS[variant].cpp()}")  # fmt: skip
+        for kernel, usage in hopper_resources(runnable.metadata.misc["binary"]):
+            print(f"    {kernel:70s} {usage}", flush=True)
 
 
 def main():
-    variants = sys.argv[1:] or list(VARIANTS)
+    args = sys.argv[1:]
+    variants = [a for a in args if a != "--compile-only"] or list(VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if "--compile-only" in args:
+        compile_only(variants)
+        return
     print("gpu at start:", clocks())
     rows = []
     for case in CASES:
         suffix = "mini" if isinstance(case, PaddedCase) else "ragged"
         solutions = {"flashinfer": build_solution(f"flashinfer_{suffix}")}
         for variant in variants:
-            solutions[variant] = build_variant(f"cuda_{suffix}", variant)
+            solutions[variant] = build_variant(f"cuda_{suffix}", variant, VARIANTS[variant])
         inputs = make_inputs(case, "cuda", seed=0)
         outputs = {name: poisoned_outputs(case, inputs) for name in solutions}
         for name, fn in solutions.items():
@@ -88,11 +160,11 @@ def main():
         for name in variants:
             rows.append((case.id[:52], name, best["flashinfer"], best[name], errors[name]))
     print("gpu at end:", clocks())
-    header = f"{'shape':52s} {'variant':16s} {'FI ms':>8s} {'ms':>8s} {'FI/x':>6s}"
+    header = f"{'shape':52s} {'variant':28s} {'FI ms':>8s} {'ms':>8s} {'FI/x':>6s}"
     print(f"\n{header} {'err vs FI':>9s}")
     for shape, name, fi, ms, err in rows:
         flag = "" if err < 5e-3 else " WRONG"
-        print(f"{shape:52s} {name:16s} {fi:8.4f} {ms:8.4f} {fi / ms:6.2f} {err:9.1e}{flag}")
+        print(f"{shape:52s} {name:28s} {fi:8.4f} {ms:8.4f} {fi / ms:6.2f} {err:9.1e}{flag}")
 
 
 if __name__ == "__main__":

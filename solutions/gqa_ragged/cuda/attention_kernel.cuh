@@ -30,7 +30,8 @@
 //   mask_softmax.cuh     mask_tile, scale_and_mask, softmax_tile, rescale_rows
 //   epilogue.cuh         poison_rows, normalize_rows, copy_rows_out, write_output
 //   ptx_sm90.cuh         mbarrier, TMA, wgmma wrappers, smem descriptors (sm_90a only)
-//   hopper_layout.cuh    HopperTiles, HopperParams, WorkItem, HopperSmem, next_item
+//   hopper_knobs.cuh     tuning knobs: HopperKnobs, shipped_knobs, BuildKnobs, HopperTiles
+//   hopper_layout.cuh    HopperParams, WorkItem, HopperSmem, RingSlot, next_item
 //   kv_contiguous.cuh    K/V source ContiguousKv (k, v tensors): the interface both kernels
 //                        load K/V through, its portable RowLoader and Hopper TileLoader
 //   kv_paged.cuh         K/V source PagedKv<page size> (paged caches, kv_indices)
@@ -45,6 +46,7 @@
 #include "mask_softmax.cuh"
 #include "epilogue.cuh"
 #include "ptx_sm90.cuh"
+#include "hopper_knobs.cuh"
 #include "hopper_layout.cuh"
 #include "kv_contiguous.cuh"
 #include "kv_paged.cuh"

@@ -173,13 +173,13 @@ void check_launch(Path path, const char* hopper_name, const char* portable_name,
   }
 }
 
-// The Hopper kernels' schedule: one CTA per item, or (persistent causal kernels, more items than
-// SMs) one per SM drawing items from the stream's counter. Returns the grid size.
-template <bool kCausal>
+// The Hopper kernels' schedule: one CTA per item, or (persistent kernels, Tiles::kPersistent,
+// more items than SMs) one per SM drawing items from the stream's counter. Returns the grid size.
+template <typename Tiles>
 int64_t hopper_schedule(HopperParams& hp, int64_t num_items, const DLDevice& device,
                         cudaStream_t stream) {
   hp.num_items = static_cast<int>(num_items);
-  if (HopperTiles<kCausal>::kPersistent && num_items > multiprocessors(device.device_id)) {
+  if (Tiles::kPersistent && num_items > multiprocessors(device.device_id)) {
     hp.scheduler = scheduler_counter(device.device_id, stream);
     return multiprocessors(device.device_id);
   }
@@ -206,7 +206,8 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
       return gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
     }
   }();
-  constexpr size_t kHopperSmem = HopperSmem<kCausal>::kBytes;
+  using Tiles = HopperTiles<kCausal>;
+  constexpr size_t kHopperSmem = HopperSmem<Tiles>::kBytes;
   static Path chosen[64] = {};
   const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
                                 device.device_id, chosen);
@@ -218,15 +219,14 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
     HopperParams hp{};
     hp.p = params;
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
-    constexpr int kBlockN = HopperTiles<kCausal>::kBlockN;
     hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
                           kTokensPerTile);
     // No key row at all: no K/V tile is ever loaded; q stands in for the descriptors.
     const void* k = kv_rows > 0 ? params.k : params.q;
     const void* v = kv_rows > 0 ? params.v : params.q;
-    hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, params.k_stride, 1, kBlockN);
-    hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, params.v_stride, 1, kBlockN);
-    num_ctas = hopper_schedule<kCausal>(hp, num_items, device, stream);
+    hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, params.k_stride, 1, Tiles::kBlockN);
+    hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, params.v_stride, 1, Tiles::kBlockN);
+    num_ctas = hopper_schedule<Tiles>(hp, num_items, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
   } else {
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
@@ -258,7 +258,7 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
       return gqa_prefill_paged_wgmma_kernel<T, kPageSize>;
     }
   }();
-  constexpr size_t kHopperSmem = kFp8 ? Fp8Smem::kBytes : HopperSmem<true>::kBytes;
+  constexpr size_t kHopperSmem = kFp8 ? Fp8Smem::kBytes : HopperSmem<PagedHopperTiles>::kBytes;
   static Path chosen[64] = {};
   const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
                                 device.device_id, chosen);
@@ -278,7 +278,7 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
       hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
     }
     launch.pages = pages;
-    num_ctas = hopper_schedule<true>(hp, num_items, device, stream);
+    num_ctas = hopper_schedule<PagedHopperTiles>(hp, num_items, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(launch);
   } else {
     const PagedParams launch{params, pages};

@@ -1,46 +1,22 @@
-// The Hopper kernel's configuration: its constants, tile sizes and register split per mask
-// (HopperTiles), parameters (HopperParams), work items, shared-memory layout (HopperSmem), the
-// K/V ring position and the persistent schedule's next_item. The kernel: kernel_hopper.cuh.
+// The Hopper kernel's configuration: its constants, parameters (HopperParams), work items,
+// shared-memory layout (HopperSmem), the K/V ring position and the persistent schedule's
+// next_item; its knobs (tile sizes, register split, ...): hopper_knobs.cuh. The kernel:
+// kernel_hopper.cuh.
 #pragma once
 
+#include "hopper_knobs.cuh"
 #include "kernel_config.cuh"
 #include "tile_schedule.cuh"
 
 namespace gqa_prefill {
-
-// Tuning knob, a macro so that scripts/tune_cuda.py builds a variant by defining it before the
-// includes: 1 folds the softmax scale into its exponentials (one FFMA a logit), 0 scales the
-// logits first (one FMUL each; TUNING.md has the measurements).
-#ifndef GQA_PREFILL_FOLD_SCALE
-#define GQA_PREFILL_FOLD_SCALE 1
-#endif
-constexpr bool kFoldScale = GQA_PREFILL_FOLD_SCALE;
 
 // Set to false to build the Hopper kernel but always run the portable one.
 constexpr bool kEnableWgmmaPath = true;
 constexpr int kWgmmaThreads = 384;      // producer + 2 consumer warpgroups
 constexpr int kConsumerThreads = 256;
 constexpr int kWgmmaStubThreads = 32;   // the stub's bound: "not compiled"
-constexpr int kKvStages = 2;  // K/V ring depth (each of K and V)
 constexpr uint32_t kQTileBytes = kBlockM * kHeadDim * 2;  // 32 KiB
 constexpr uint32_t kQHalfBytes = kQTileBytes / 2;
-
-template <bool kCausal>
-struct HopperTiles {
-  // Tile sizes, output buffer and schedule per mask: the measurements are in TUNING.md.
-  static constexpr int kBlockN = kCausal ? 128 : 176;   // keys per K/V tile
-  static constexpr bool kOwnOutputBuffer = kCausal;     // else the output is staged in Q's
-  static constexpr bool kPersistent = kCausal;          // else one CTA per work item
-  static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
-  // setmaxnreg: 128 producer + 256 consumer threads share 64 K registers. 176-key score tiles
-  // need 240 per consumer thread; with 128-key tiles the producer gets 32 (its ragged
-  // sequence search spills at 24).
-  static constexpr int kProducerRegisters = kCausal ? 32 : 24;
-  static constexpr int kConsumerRegisters = kCausal ? 232 : 240;
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 64 * 1024, "registers");
-  static_assert(kKvHalfBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
-};
 
 // The kernel's parameters beyond Params: TMA descriptors (by value, __grid_constant__) and
 // the work schedule.
@@ -70,14 +46,15 @@ struct WorkItem {
 // The Hopper kernel's dynamic shared memory, the one source of its layout: byte offsets from
 // the 1024-byte aligned base (the kernel's `base`; kBytes includes the alignment slack).
 //   Q tile | K ring (kKvStages tiles) | V ring | O staging (causal only; else O reuses Q) |
-//   mbarriers (128 bytes, 8 each; then the K/V flags) | work-item slots (128 bytes)
+//   mbarriers (8 bytes each; then the K/V flags; 128 bytes with 2 stages) | work-item slots
+//   (128 bytes)
 // mbarriers: full = data landed (the loader's arrivals + TMA bytes, or the producer's item),
 // empty = the 256 consumer threads are done with it. Ring stage s / item slot i: the barrier
 // + 8 * s (i). K/V flags: 4 bytes per ring stage, set with the V tile by a paged loader when
 // the item so far has met a page id out of range (kv_paged.cuh).
-template <bool kCausal>
+template <typename Tiles>
 struct HopperSmem {
-  using Tiles = HopperTiles<kCausal>;
+  static constexpr int kKvStages = Tiles::kKvStages;
   static constexpr int kItemSlots = 2;  // work items in flight from the producer
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kK = kQ + kQTileBytes;                  // stage s at + s * tile
@@ -92,21 +69,24 @@ struct HopperSmem {
   static constexpr uint32_t kItemFull = kVEmpty + 8 * kKvStages;
   static constexpr uint32_t kItemEmpty = kItemFull + 8 * kItemSlots;
   static constexpr uint32_t kKvFlags = kItemEmpty + 8 * kItemSlots;  // + 4 * stage
-  static constexpr uint32_t kItems = kBarriers + 128;  // WorkItem[kItemSlots]
+  // WorkItem[kItemSlots], after the barriers and flags rounded up to 128 bytes.
+  static constexpr uint32_t kItems = kBarriers + (kKvFlags + 4 * kKvStages - kBarriers + 127) /
+                                                     128 * 128;
   static constexpr uint32_t kBytes = kItems + 128 + 1024;  // + slack for the 1024 alignment
-  static_assert(kKvFlags + 4 * kKvStages <= kItems, "the barriers and flags end before the items");
   static_assert(kItemSlots * sizeof(WorkItem) <= 128, "the item slots fit");
-  static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
+  static_assert(kBytes <= 227 * 1024,
+                "Hopper allows 227 KiB per CTA: fewer stages or keys, or no own output buffer");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Ring position of the i-th K/V tile (counted over all items of the CTA): stage and the parity
-// of its barriers' phase.
+// Ring position of the i-th K/V tile (counted over all items of the CTA) in a ring of kStages:
+// stage and the parity of its barriers' phase.
+template <int kStages>
 struct RingSlot {
   uint32_t stage, parity;
   __device__ __forceinline__ explicit RingSlot(uint32_t i)
-      : stage(i % kKvStages), parity((i / kKvStages) & 1) {}
+      : stage(i % kStages), parity((i / kStages) & 1) {}
 };
 
 // The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.

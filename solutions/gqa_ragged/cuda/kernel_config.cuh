@@ -16,7 +16,7 @@ constexpr int kGroupSize = kNumHeads / kNumKvHeads;  // query head h reads KV he
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;                      // rows per CTA (token, head) pairs
 constexpr int kTokensPerTile = kBlockM / kGroupSize;  // 32 query tokens per CTA
-// Keys per K/V tile of the portable kernel (the Hopper kernel's are HopperTiles<kCausal>::kBlockN).
+// Keys per K/V tile of the portable kernel (the Hopper kernel's: hopper_knobs.cuh).
 constexpr int kPortableBlockN = 64;
 constexpr int kNumWarps = 8;                      // 16 rows each
 constexpr int kNumThreads = kNumWarps * 32;

@@ -25,7 +25,7 @@ namespace gqa_prefill {
 //     their sequence (locate_tile; in a malformed ragged batch it also poisons every item's
 //     slab, spare ones included) and hands them to the consumers through a 2-slot item buffer,
 //     then loads Q with TMA; the K/V source's TileLoader (one thread issuing TMA boxes, or the
-//     warpgroup gathering paged rows) streams K/V tiles into a 2-stage ring, each load
+//     warpgroup gathering paged rows) streams K/V tiles into a ring (2 stages shipped), each load
 //     completing on an mbarrier (full), each stage reused once the consumers release it (empty);
 //   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
 //     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
@@ -36,13 +36,13 @@ namespace gqa_prefill {
 //     memory, 16-byte coalesced stores).
 // setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
-// Causal kernels are persistent: the grid is one CTA per SM, and the producer takes the next
-// item with an atomic add on a per-stream counter (next_item), items ordered heaviest first,
-// so that SMs that drew short items take more. The last CTA to draw past the end zeroes the
-// counter, so the next launch on the stream finds it at 0 without a memset. While the
-// consumers finish an item, the producer already loads the next one's Q (causal tiles stage the
-// output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA per
-// item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
+// With the shipped knobs (hopper_knobs.cuh), causal kernels are persistent: the grid is one CTA per
+// SM, and the producer takes the next item with an atomic add on a per-stream counter (next_item),
+// items ordered heaviest first, so that SMs that drew short items take more. The last CTA to draw
+// past the end zeroes the counter, so the next launch on the stream finds it at 0 without a memset.
+// While the consumers finish an item, the producer already loads the next one's Q (causal tiles
+// stage the output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA
+// per item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
 // buffer: the output is staged in Q's buffer.
 //
 // Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
@@ -75,18 +75,23 @@ struct LoaderUsesOutputBuffer<L, std::void_t<decltype(L::kUsesOutputBuffer)>>
     : std::bool_constant<L::kUsesOutputBuffer> {};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams);
-// kWindow: the causal mask's band is a sliding window of p.window_left keys (KeyBand): the
-// producer clips each item's keys to the band (consumers and loader see the clipped item), the
-// consumers mask its left edge too.
-template <typename T, bool kCausal, typename Kv, bool kWindow = false>
+// The kernel body for K/V source Kv (its Args: what the source needs beyond HopperParams) with
+// knobs Tiles (a HopperKnobs: hopper_knobs.cuh); kWindow: the causal mask's band is a sliding
+// window of p.window_left keys (KeyBand): the producer clips each item's keys to the band
+// (consumers and loader see the clipped item), the consumers mask its left edge too.
+template <typename T, bool kCausal, typename Kv, typename Tiles, bool kWindow = false>
 __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
                                                  const typename Kv::Args& args) {
   constexpr bool kRagged = Kv::kRagged;
   using Loader = typename Kv::TileLoader;
-  using Tiles = HopperTiles<kCausal>;
-  using Smem = HopperSmem<kCausal>;
+  using Smem = HopperSmem<Tiles>;
+  using RingSlot = gqa_prefill::RingSlot<Tiles::kKvStages>;
   constexpr int kBlockN = Tiles::kBlockN;
+  constexpr bool kFoldScale = Tiles::kFoldScale;
+  constexpr int kProducerRegisters = Loader::template producer_registers<Tiles>();
+  static_assert(kProducerRegisters >= 24 && kProducerRegisters % 8 == 0 &&
+                    kProducerRegisters * 128 + Tiles::kConsumerRegisters * 256 <= 64 * 1024,
+                "the loader's producer registers and the consumers' exceed 64 K or setmaxnreg");
   const Params& p = hp.p;
   const KeyBand<kWindow> band{p.window_left};
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
@@ -110,7 +115,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
   if (tid == 0) {
     mbarrier_init(q_full, 1);
     mbarrier_init(q_empty, kConsumerThreads);
-    for (int s = 0; s < kKvStages; ++s) {
+    for (int s = 0; s < Tiles::kKvStages; ++s) {
       mbarrier_init(k_full + 8 * s, Loader::kKFullArrivals);
       mbarrier_init(k_empty + 8 * s, kConsumerThreads);
       mbarrier_init(v_full + 8 * s, Loader::kVFullArrivals);
@@ -135,8 +140,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
   if (tid < 128) {
     // ---- Producer warpgroup: the loader's threads work, the others leave. Thread 0 (the
     // leader) draws the items and loads Q; the loader's other threads read each item.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(
-        Loader::template producer_registers<Tiles>()));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (Loader::kThreads == 1 ? tid != 0 : tid >= Loader::kThreads) return;
     const bool leader = Loader::kThreads == 1 || tid == 0;
     Loader loader(hp, args, tid);
@@ -414,7 +418,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
 template <typename T, bool kCausal, bool kRagged>
 __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant__ HopperParams hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  hopper_attention<T, kCausal, ContiguousKv<kRagged>>(hp, {});
+  hopper_attention<T, kCausal, ContiguousKv<kRagged>, HopperTiles<kCausal>>(hp, {});
 #else
   __trap();  // never launched: the host runs the portable kernel where this stub is loaded
 #endif
@@ -425,7 +429,7 @@ template <typename T, int kPageSize>
 __global__ void GQA_WGMMA_BOUNDS
 gqa_prefill_paged_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  hopper_attention<T, true, PagedKv<kPageSize>>(params.hp, params.pages);
+  hopper_attention<T, true, PagedKv<kPageSize>, PagedHopperTiles>(params.hp, params.pages);
 #else
   __trap();
 #endif
@@ -437,7 +441,7 @@ template <typename T>
 __global__ void GQA_WGMMA_BOUNDS
 gqa_prefill_swa_wgmma_kernel(const __grid_constant__ HopperParams hp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  hopper_attention<T, true, ContiguousKv<true>, true>(hp, {});
+  hopper_attention<T, true, ContiguousKv<true>, HopperTiles<true>, true>(hp, {});
 #else
   __trap();
 #endif

@@ -24,13 +24,11 @@
 
 namespace gqa_prefill {
 
-// Knob (bf16 only; TUNING.md): 1 (default) converts with integer ops and a bf16x2 multiply by
-// 2^120 (4 ops a pair, no F2FP; exact for every finite e4m3 value, NaN reads as +-480); 0 with
-// the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2 (exact, NaN included; its
-// temporaries spill in the 40-register producer). fp16 always uses the cvt (1 F2FP a pair).
-#ifndef GQA_PREFILL_FP8_BF16_BITS
-#define GQA_PREFILL_FP8_BF16_BITS 1
-#endif
+// Knob Knobs::kFp8Bf16Bits (bf16 only; hopper_knobs.cuh, TUNING.md): 1 (shipped) converts with
+// integer ops and a bf16x2 multiply by 2^120 (4 ops a pair, no F2FP; exact for every finite e4m3
+// value, NaN reads as +-480); 0 with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2
+// (exact, NaN included; its temporaries spill in the 40-register producer). fp16 always uses
+// the cvt (1 F2FP a pair).
 
 // ---- Layout helpers (host and device: tests/test_cuda_fp8.py checks them on the host) --------
 
@@ -47,7 +45,7 @@ __host__ __device__ constexpr uint32_t fp8_converted_offset(int row, int c16, in
   return (c16 / 4) * half_bytes + row * 128 + (((2 * (c16 % 4) + j) ^ (row % 8)) * 16);
 }
 
-// The bit-level conversion (knob GQA_PREFILL_FP8_BF16_BITS): prmt's sign mode spreads two e4m3
+// The bit-level conversion (knob kFp8Bf16Bits): prmt's sign mode spreads two e4m3
 // bytes into 16-bit lanes, sign-extended; shifted left 4, a lane holds the sign at bit 15 and
 // exponent and mantissa at bits 4 .. 10 (the mask drops the copies of the sign): a bf16 of the
 // value x 2^-120 (subnormals included), made exact by the multiply.
@@ -80,7 +78,7 @@ __host__ __device__ inline uint32_t fp8_pair_bf16_scaled(uint32_t fp8, int i) {
 // Four e4m3 values (the bytes of `fp8`, element 0 lowest) as two packed pairs of T.
 template <typename T>
 __device__ __forceinline__ void fp8x4_to(uint32_t fp8, uint32_t& lo, uint32_t& hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16> && GQA_PREFILL_FP8_BF16_BITS) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && Knobs::kFp8Bf16Bits) {
     const __nv_bfloat162 factor =
         __halves2bfloat162(__ushort_as_bfloat16(kBf16TwoPow120), __ushort_as_bfloat16(kBf16TwoPow120));
     uint32_t pair[2];
@@ -120,22 +118,23 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4 (&out)[2]) {
   fp8x4_to<T>(in.w, out[1].z, out[1].w);
 }
 
-// The FP8 Hopper kernel's shared memory: the causal kernel's (HopperSmem<true>, before its
-// alignment slack), its output buffer holding FP8 staging buffer 0 (the consumers write O from
+// The FP8 Hopper kernel's shared memory: the paged kernels' (Smem below, before its alignment
+// slack), its output buffer holding FP8 staging buffer 0 (the consumers write O from
 // registers: PageFp8Loader::kUsesOutputBuffer), then six mbarriers (K staged, V staged and
 // consumed, per staging buffer), the leader's state and staging buffer 1. A staging buffer:
 // one 128-key tile of K (16 KiB) then one of V.
 struct Fp8Smem {
-  static constexpr uint32_t kStagedK = HopperSmem<true>::kItems + 128;  // + 8 * buffer
+  using Smem = HopperSmem<PagedHopperTiles>;
+  static constexpr uint32_t kStagedK = Smem::kItems + 128;  // + 8 * buffer
   static constexpr uint32_t kStagedV = kStagedK + 16, kConsumed = kStagedV + 16;
   // The leader's state, kept here rather than in registers (the producer has 40): the next
   // tile's two page ids, and whether the item so far met an id out of range.
   static constexpr uint32_t kNextIds = kConsumed + 16, kItemBad = kNextIds + 8;
-  static constexpr uint32_t kBuffer0 = HopperSmem<true>::kO;
+  static constexpr uint32_t kBuffer0 = Smem::kO;
   static constexpr uint32_t kBuffer1 = kStagedK + 128;  // 128-byte aligned
   static constexpr uint32_t kBytes = kBuffer1 + 2 * kFp8TileBytes + 1024;  // + alignment slack
   static_assert(kItemBad + 4 <= kBuffer1, "the barriers and the leader's state fit");
-  static_assert(HopperTiles<true>::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
+  static_assert(PagedHopperTiles::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
                 "staging buffer 0 fits in the output buffer");
   static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
   __host__ __device__ static constexpr uint32_t buffer(uint32_t b) {
@@ -422,7 +421,7 @@ template <typename T>
 __global__ void GQA_WGMMA_BOUNDS
 gqa_prefill_paged_fp8_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  hopper_attention<T, true, PagedFp8Kv<T>>(params.hp, params.pages);
+  hopper_attention<T, true, PagedFp8Kv<T>, PagedHopperTiles>(params.hp, params.pages);
 #else
   __trap();
 #endif

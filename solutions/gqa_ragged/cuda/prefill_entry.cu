@@ -13,6 +13,7 @@
 //   run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
 //                        k_scale, v_scale, sm_scale, output, lse)
 //                                                 gqa_paged_prefill_causal_fp8kv_..._ps64
+//   built_knobs()                      the build's tuning knobs as JSON (hopper_knobs.cuh)
 //
 // The argument contract and its error messages are prefill_bundle/arguments.py's, reproduced
 // here byte for byte (every error a ValueError "<argument>: expected <what>, got <what>"): q, k,
@@ -245,9 +246,32 @@ void run_paged_ps64_fp8kv(AnyView q_arg, AnyView k_cache_arg, AnyView v_cache_ar
                       sm_scale_arg, output, lse, kv_scales);
 }
 
+// The knobs this build's kernels were instantiated with, as JSON: scripts/tune_cuda.py checks
+// a variant's against the ones it asked for (a misspelled hook would build the shipped ones).
+template <typename Tiles>
+std::string knobs_json() {
+  std::ostringstream json;
+  json << std::boolalpha << "{\"block_n\": " << Tiles::kBlockN
+       << ", \"kv_stages\": " << Tiles::kKvStages
+       << ", \"producer_registers\": " << Tiles::kProducerRegisters
+       << ", \"consumer_registers\": " << Tiles::kConsumerRegisters
+       << ", \"fold_scale\": " << Tiles::kFoldScale
+       << ", \"own_output_buffer\": " << Tiles::kOwnOutputBuffer
+       << ", \"persistent\": " << Tiles::kPersistent << "}";
+  return json.str();
+}
+
+tvm::ffi::String built_knobs() {
+  return "{\"causal\": " + knobs_json<Knobs::CausalTiles>() +
+         ", \"full\": " + knobs_json<Knobs::FullTiles>() +
+         ", \"paged\": " + knobs_json<Knobs::PagedTiles>() +
+         ", \"fp8_bf16_bits\": " + (Knobs::kFp8Bf16Bits ? "true" : "false") + "}";
+}
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged, run_ragged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_ragged_swa, run_ragged_swa);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64, run_paged_ps64);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps1, run_paged_ps1);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_paged_ps64_fp8kv, run_paged_ps64_fp8kv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(built_knobs, built_knobs);

@@ -402,7 +402,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     helpers = SimpleNamespace(
         cache=cache, Body=Body, FindPages=FindPages, page_is_whole=page_is_whole,
         tile_is_whole=tile_is_whole,
-        in_cache=in_cache, clamp=clamp, pages_per_tile=pages_per_tile,
+        in_cache=in_cache, clamp=clamp, page_id=page_id, pages_per_tile=pages_per_tile,
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
     )  # fmt: skip
     return fp8_paged_kv(dims, source, helpers, cache_dtype)

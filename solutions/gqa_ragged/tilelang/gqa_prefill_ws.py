@@ -107,6 +107,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     num_items = NUM_HEADS * num_slots
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
+    # A K/V source that stages tiles ahead (FP8) starts each item's staging.
+    StartItem = getattr(kv_source, "StartItem", None)
     LoadQ, FetchItem, ReceiveItem = item_steps(
         steps, consumer_threads, loader_warps, persistent, num_items, grid
     )  # fmt: skip
@@ -167,6 +169,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         q_full, q_empty = q_bars
         k_full, k_empty, v_full, v_empty = bars
 
+        if StartItem is not None:  # before Q's wait for the last item's Q K^T
+            StartItem(kv, scratch, ring[0], loop_range, kv_start, seq_kv, kv_head)
         if loader_warps == 1:
             LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
         else:
@@ -174,10 +178,16 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                 LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
         for k in T.serial(loop_range):
             g = ring[0] + k
-            kv_source.LoadTile(
-                kv, (K_shared, V_shared, k_full, k_empty, v_full, v_empty), num_stages, g, k,
-                kv_start, seq_kv, kv_head, scratch, items_done[0],
-            )  # fmt: skip
+            bufs = (K_shared, V_shared, k_full, k_empty, v_full, v_empty)
+            if StartItem is None:
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, items_done[0]
+                )  # fmt: skip
+            else:  # it stages tiles ahead: it takes the item's tile count
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch,
+                    items_done[0], loop_range,
+                )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 
@@ -271,13 +281,17 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
 
     @T.macro
     def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
-        with T.Kernel(grid, threads=threads) as block:
+        with T.Kernel(grid, threads=threads, prelude=getattr(kv_source, "prelude", None)) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             # Persistent: the output gets its own buffer, so the next item's Q can load while
             # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
+            # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
+            # from registers (O_shared None).
             O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
+            if not getattr(kv_source, "output_buffer", True):
+                O_shared = None
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
             acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)

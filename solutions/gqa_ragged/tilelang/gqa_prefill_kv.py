@@ -12,7 +12,9 @@ gqa_prefill_steps.build_steps (build_kv). A source gives
   ring slot, completing the slot's full barriers (loader_warps producer warps run it, their
   full barriers count loader_warps * 32 arrivals), and CopyK / CopyV, the pipelined program's
   copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
-  epilogue reads (paged only).
+  epilogue reads (paged only);
+- FP8's only (gqa_prefill_fp8): StartItem (LoadTile then takes the item's tile count),
+  output_buffer (False: no output buffer) and prelude (CUDA code heading the kernel's source).
 
 The layouts:
 - ragged: K and V [total_kv, 8, 128] at any token stride; kv_indptr indexes key rows. A tile is

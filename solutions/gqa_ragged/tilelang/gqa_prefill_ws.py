@@ -51,7 +51,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     block to finish zeroes Scheduler again for the next launch on that stream. The ring and Q's
     barriers run on across items, so the producer loads the next item's Q, K and V while the
     consumers finish the last P V and store the output (staged in its own shared buffer, so
-    that Q's can refill early). Otherwise one block per item, and Scheduler is unused.
+    that Q's can refill early; FP8 caches: stored from registers, the buffer's room stages
+    K/V). Otherwise one block per item, and Scheduler is unused.
     Why persistent and dynamic: TUNING.md.
 
     K and V come through the steps' K/V source (gqa_prefill_kv): the producer warp's TMA boxes

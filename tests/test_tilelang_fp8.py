@@ -16,6 +16,7 @@ one.
 """
 
 import functools
+import importlib
 import math
 import re
 import sys
@@ -63,33 +64,100 @@ def test_fp8_variants_cover_both_dtypes():
     assert set(kernel_module().FP8_VARIANTS) == {"float16", "bfloat16"}
 
 
+def fp8_module():
+    """The packed gqa_prefill_fp8 (the FP8 policy's constants)."""
+    return importlib.import_module(kernel_module().__name__.rpartition(".")[0] + ".gqa_prefill_fp8")
+
+
 def test_fp8_loads_pages_by_tma_and_converts():
     source, host, _ = compiled()
     # Q K^T and P V on the 16-bit ring, as the bfloat16 paged kernel.
     assert "tl::wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
     assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
     # One TMA box per page (64 slots x 128 FP8 bytes = 8192 bytes, all of head_dim: column 0,
-    # slot 0, the KV head, the page id) into the FP8 staging buffers.
+    # slot 0, the KV head, the page id) into staging buffer b of two (16384 bytes a tile), on
+    # that buffer's barrier: at the item's start for tiles 0 and 1, then for tile k + 2 (the
+    # block's g + 2, in buffer g & 1).
     for cache, staged in (("K_cache", "K8"), ("V_cache", "V8")):
         pattern = (
-            rf"tl::tma_load\({cache}_desc, {staged[0].lower()}8_full\[0\], "
-            rf"\(&\(\(\(fp8_e4_t\*\){staged}\)\[\(p_\d+ \* 8192\)\]\)\), 0, 0, "
-            r"\(tile\[5\] >> 2\), pages\[p_\d+\]\);"
+            rf"tl::tma_load\({cache}_desc, {staged[0].lower()}8_full\[\(([^\]]+)\)\], "
+            rf"\(&\(\(\(fp8_e4_t\*\){staged}\)\["
+            r"\(\(\(\1\) \* 16384\) \+ \(p_\d+ \* 8192\)\)\]\)\), 0, 0, "
+            r"\(tile\[5\] >> 2\), staged_pages\[p_\d+\]\);"
         )
-        assert len(re.findall(pattern, source)) == 1, cache
-    assert source.count(".expect_transaction(8192);") == 2
-    # The conversion: 8 FP8 values per thread and step (an 8-byte shared load), exact cvts,
-    # one 16-byte store into the swizzled ring slot; fenced for wgmma's async proxy.
-    assert source.count("__tl_cvt_e4m3x2_to_bfloat162(") == 12  # K, V, the gathered V pages
-    assert "*(fp8_e4_8_t*)(((fp8_e4_t*)K8) + " in source
-    assert "*(uint4*)(((bfloat16_t*)K_shared) + " in source
-    assert "*(uint4*)(((bfloat16_t*)V_shared) + " in source
-    conversion = source[source.index("k8_full[0].wait(") : source.index("v_full[(g & 1)].arrive()")]
+        found = re.findall(pattern, source)
+        assert [b.replace(" ", "") for b in found] == ["gt&1", "(gt+1)&1", "g&1"], cache
+    assert source.count(".expect_transaction(8192);") == 6
+    # The first loader warp stages a buffer once the 128 converting threads are done with its
+    # last tile (consumed); they arrive once V is converted, before the V gather.
+    assert "consumed[(gt & 1)].wait((((gt >> 1) & 1) ^ 1));" in source
+    assert "consumed[(g & 1)].wait(((((g >> 1) + 1) & 1) ^ 1));" in source
+    assert source.count("consumed[(g & 1)].arrive();") == 1
+    assert "consumed[0].init(128);" in source and "consumed[1].init(128);" in source
+    assert "__sync_thread_partial(11," not in source  # no named barrier a tile of its own
+    # The conversion: 8 FP8 values per thread and step (an 8-byte shared load), bit-level for
+    # bfloat16, one 16-byte store into the swizzled ring slot; fenced for wgmma's async proxy.
+    assert "prmt.b32" in source and "mul.rn.bf16x2" in source
+    assert source.count("tl_e4m3x8_to_bf16x8((&(((fp8_e4_t*)K8)[") == 1
+    assert source.count("tl_e4m3x8_to_bf16x8((&(((fp8_e4_t*)V8)[") == 1
+    assert source.count("__tl_cvt_e4m3x2_to_bfloat162(") == 4  # the gathered V pages only
+    conversion = source[
+        source.index("k8_full[(g & 1)].wait(") : source.index("v_full[(g & 1)].arrive()")
+    ]  # fmt: skip
     assert conversion.count("tl::fence_proxy_async();") == 2
+    assert conversion.index("consumed[(g & 1)].arrive();") < conversion.index("V_cache")
+    # The consumers store the output from registers: no output buffer (its room stages a tile).
+    assert "O_shared" not in source
+    assert "*(uint1*)(Output + " in source and "__float22bfloat162_rn(" in source
     # v_scale, a kernel argument (out_scale in the source), scales the output (not lse); the
     # page stride reaches the descriptors in bytes (one an element).
     assert "float out_scale" in source and "(out_scale / logsum[" in source  # named so
     assert "(int64_t)k_page_stride" in host and "(int64_t)v_page_stride" in host
+
+
+def test_fp8_float16_converts_with_the_cvt():
+    source, _, _ = compiled("float16")
+    assert "prmt.b32" not in source
+    assert source.count("__tl_cvt_fp8x2_to_half2(") == 12  # K, V, the gathered V pages
+    assert "*(fp8_e4_8_t*)(((fp8_e4_t*)K8) + " in source
+    assert "*(uint4*)(((half_t*)K_shared) + " in source
+
+
+def prmt_sign(x: int, selector: int) -> int:
+    """PTX prmt.b32 d, x, 0, selector: byte i of d is byte selector[i] & 7 of (0, x) (x's bytes
+    0 .. 3), or that byte's sign bit repeated if selector[i] & 8."""
+    d = 0
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = (x >> (8 * (nibble & 7))) & 0xFF if (nibble & 7) < 4 else 0
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        d |= byte << (8 * i)
+    return d
+
+
+def test_fp8_bfloat16_bits_are_exact():
+    """The bit-level conversion's constants on every e4m3 value in every byte of a word:
+    bfloat16 of value x 2^-120, times 2^120, is the value (subnormals included); NaN reads as
+    +-480 (the CUDA kernel's too)."""
+    fp8 = fp8_module()
+    factor = torch.tensor([fp8.BF16_2_POW_120], dtype=torch.int16).view(BF16).float()
+    assert factor.item() == 2.0**120
+    values = torch.arange(256, dtype=torch.uint8)
+    expected = values.view(FP8).float()
+    expected[values & 0x7F == 0x7F] = 480.0 * torch.where(
+        values[values & 0x7F == 0x7F] > 0x7F, -1, 1
+    )
+    rng = torch.Generator().manual_seed(0)
+    for byte in range(4):
+        others = torch.randint(0, 2**32, (256,), generator=rng, dtype=torch.int64)
+        words = (others & ~(0xFF << (8 * byte))) | (values.long() << (8 * byte))
+        selector = fp8.BF16_SELECTORS[byte // 2]
+        lanes = [(prmt_sign(int(w), selector) << 4) & fp8.BF16_MASK for w in words]
+        half = [(x >> (16 * (byte % 2))) & 0xFFFF for x in lanes]
+        scaled = torch.tensor(half, dtype=torch.int32).to(torch.int16).view(BF16).float()
+        converted = (scaled * factor).to(BF16).float()  # exact: bf16 holds every e4m3 value
+        assert torch.equal(converted, expected), byte
 
 
 @pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)

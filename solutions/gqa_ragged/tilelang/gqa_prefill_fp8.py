@@ -4,22 +4,33 @@ kernel's scalar v_scale after sm_scale (the entry folds k_scale into sm_scale; v
 the output in the epilogue: out_scale).
 
 The consumers run the 16-bit paged program unchanged (wgmma reads 16-bit K and V from the
-ring) but for v_scale in the epilogue. The producer warpgroup's four warps (loader_warps 4: the
-consumers are the bottleneck, the producer warps idle) turn each tile into the ring:
+ring) but for v_scale in the epilogue and their output, stored from registers (the output
+buffer's 32 KB hold the second staging tile). The producer warpgroup's four warps
+(loader_warps 4: the consumers are the bottleneck, the producer warps idle) turn each tile
+into the ring, two tiles ahead:
 
-1. the first warp loads the tile's pages as FP8 by TMA, one box per page (64 slots x 128 bytes:
-   one 128-byte swizzle row a slot), K (pages in the cache) into K8 and V (whole pages) into
-   V8, on the staging barriers k8_full / v8_full (one phase per tile);
-2. all four warps convert K8 into the ring slot K_shared[stage] (once the consumers released
-   it), exact (every e4m3 value is a float16 and a bfloat16), fence the shared writes for the
-   async proxy (wgmma reads the slot) and arrive on k_full[stage] (128 arrivals); then V8 into
-   V_shared[stage], the V of a page that is not whole (a sequence's last page, a bad page, a
-   page past the sequence) read from the cache directly with zero past the keys (once per
-   item at most), and arrive on v_full[stage];
-3. before the next tile's boxes, the four warps meet at a named barrier (the staging buffers
-   are free).
+1. the first warp loads a tile's pages as FP8 by TMA, one box per page (64 slots x 128 bytes,
+   no swizzle), K (pages in the cache) into K8[b] and V (whole pages) into V8[b], on the
+   staging barriers k8_full[b] / v8_full[b]: tile g (counted over the block's items, as the
+   ring counts them) in staging buffer b = g % 2, phase (g // 2) & 1. An item's first two
+   tiles are staged when the item starts (StartItem, before its Q), tile k + 2 as soon as
+   tile k is converted;
+2. all four warps convert K8[b] into the ring slot K_shared[stage] (once the consumers
+   released it), exact, fence the shared writes for the async proxy (wgmma reads the slot) and
+   arrive on k_full[stage] (128 arrivals); then V8[b] into V_shared[stage] and arrive on
+   consumed[b] (the staging buffer is read: 128 arrivals, which the first warp waits for
+   before it stages tile g + 2 there); the V of a page that is not whole (a sequence's last
+   page, a bad page, a page past the sequence) is then read from the cache directly with zero
+   past the keys (once per item at most), and they arrive on v_full[stage].
 
-Shared memory: the 16-bit program's 192 KB and the two 16 KB staging buffers.
+Conversions: float16 TileLang's cvt.rn.f16x2.e4m3x2 (one a pair); bfloat16 bit-level
+(FP8_TO_BF16, the kernel's prelude: a byte permute with sign extension, a shift and a mask put
+two e4m3 values in bf16x2 bit positions as value x 2^-120, one bf16x2 multiply by 2^120 makes
+them exact; every finite e4m3 value, subnormals included; NaN reads as +-480) instead of the
+cvt to f16x2 and two cvt f16 -> bf16.
+
+Shared memory: the 16-bit program's ring (128 KB) and Q (32 KB), and two staging buffers of
+32 KB (K8 and V8 [2, 128, 128]) in place of the output buffer: 224 KB.
 """
 
 from types import SimpleNamespace
@@ -29,12 +40,37 @@ import tilelang.language as T
 from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
 FP8_E4M3 = "float8_e4m3fn"  # torch.float8_e4m3fn
-# The loader warps' named barrier (TileLang's own partial syncs count up from 3, the ping-pong
-# barriers from 12).
-FP8_BARRIER = 11
 LOADER_THREADS = 128  # the producer warpgroup
 GATHER_ROWS = LOADER_THREADS * 8 // HEAD_DIM  # rows a pass of the V gather moves
 ROLLED = {"pragma_unroll_factor": 1}
+STAGING = 2  # staging buffers: tiles staged ahead of the conversion
+VECTOR = 8  # FP8 values a thread converts per step: an 8-byte load, a 16-byte store
+# e4m3 -> bfloat16, 8 values: prmt's sign mode spreads two e4m3 bytes into 16-bit lanes
+# sign-extended (BF16_SELECTORS: bytes 0, 1 and bytes 2, 3); shifted left by 4 a lane holds the
+# sign at bit 15, exponent and mantissa at bits 4 .. 10 (BF16_MASK drops the sign's copies): the
+# bf16 of value x 2^-120 (subnormals too), which one bf16x2 multiply by 2^120 (BF16_2_POW_120)
+# makes exact. tests/test_tilelang_fp8.py checks the constants on every e4m3 value.
+BF16_SELECTORS = (0x9180, 0xB3A2)
+BF16_MASK = 0x87F087F0
+BF16_2_POW_120 = 0x7B80
+FP8_TO_BF16 = f"""
+__device__ __forceinline__ unsigned int tl_e4m3x2_bf16x2(unsigned int x, unsigned int sel) {{
+  unsigned int d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(x), "r"(sel));
+  d = (d << 4) & {BF16_MASK:#x}u;
+  asm("mul.rn.bf16x2 %0, %0, %1;" : "+r"(d) : "r"({BF16_2_POW_120 * 0x10001:#x}u));
+  return d;
+}}
+__device__ __forceinline__ void tl_e4m3x8_to_bf16x8(const void* src, void* dst) {{
+  const uint2 in = *reinterpret_cast<const uint2*>(src);
+  uint4 out;
+  out.x = tl_e4m3x2_bf16x2(in.x, {BF16_SELECTORS[0]:#x}u);
+  out.y = tl_e4m3x2_bf16x2(in.x, {BF16_SELECTORS[1]:#x}u);
+  out.z = tl_e4m3x2_bf16x2(in.y, {BF16_SELECTORS[0]:#x}u);
+  out.w = tl_e4m3x2_bf16x2(in.y, {BF16_SELECTORS[1]:#x}u);
+  *reinterpret_cast<uint4*>(dst) = out;
+}}
+"""
 
 
 def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
@@ -44,6 +80,8 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     page_size, pages_per_tile = source.page_size, helpers.pages_per_tile
     in_cache, page_is_whole, clamp = helpers.in_cache, helpers.page_is_whole, helpers.clamp
+    page_id = helpers.page_id
+    bits = dtype == "bfloat16"  # the bit-level conversion (float16: the cvt)
 
     def kernel(body):
         """The page-size-64 arguments (gqa_prefill_kv.paged_kv), k_cache and v_cache FP8, and
@@ -75,32 +113,76 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
         return main
 
     def alloc_scratch():
-        """The 16-bit source's (pages, bad), then the staging buffers K8, V8 [block_N, 128]
-        FP8 and their barriers (the first loader warp's 32 arrivals and the TMA bytes)."""
+        """The 16-bit source's (pages, bad), then the staging buffers K8, V8 [2, block_N, 128]
+        FP8, their barriers k8_full, v8_full (the first loader warp's 32 arrivals and the TMA
+        bytes) and consumed (the 128 converting threads), and the staged tile's page ids (the
+        first loader warp's registers)."""
         pages, bad = source.alloc_scratch()
-        K8 = T.alloc_shared([block_N, HEAD_DIM], cache_dtype)
-        V8 = T.alloc_shared([block_N, HEAD_DIM], cache_dtype)
-        return pages, bad, K8, V8, T.alloc_barrier(32), T.alloc_barrier(32)
+        K8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
+        V8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
+        k8_full = T.alloc_barrier([32] * STAGING)
+        v8_full = T.alloc_barrier([32] * STAGING)
+        consumed = T.alloc_barrier([LOADER_THREADS] * STAGING)
+        staged_pages = T.alloc_local([pages_per_tile], T.int32)
+        return pages, bad, K8, V8, k8_full, v8_full, consumed, staged_pages
 
     @T.macro
-    def Stage(cache, staged, full, pages, kv_head, boxed):
-        """First loader warp: the tile's pages p with boxed(p) into staged by TMA, a box each,
-        on full (completed by the warp's arrival even when no page is boxed)."""
+    def Stage(cache, staged, full, b, pages, kv_head, boxed):
+        """First loader warp: the tile's pages p with boxed(p) into staged[b] by TMA, a box
+        each, on full[b] (completed by the warp's arrival even when no page is boxed)."""
         for p in T.unroll(pages_per_tile):
             if boxed(p):
                 T.tma_copy(
                     cache[pages[p], 0:page_size, kv_head, :],
-                    staged[p * page_size : (p + 1) * page_size, :],
-                    barrier=full[0],
+                    staged[b, p * page_size : (p + 1) * page_size, :],
+                    barrier=full[b],
                 )
-        T.mbarrier_arrive(full[0])
+        T.mbarrier_arrive(full[b])
 
     @T.macro
-    def Convert(staged, shared, stage):
-        """staged into the ring slot shared[stage], the whole tile: a thread converts 8
-        consecutive values (an 8-byte shared load, a 16-byte store into the swizzled slot)."""
-        for r, c in T.Parallel(block_N, HEAD_DIM):
-            shared[stage, r, c] = T.Cast(dtype, staged[r, c])
+    def StageTile(kv, scratch, t, gt, kv_start, seq_kv, kv_head):
+        """First loader warp: the item's tile t, the block's gt-th, into staging buffer gt % 2
+        once the converting threads are done with its last tile there (gt - 2: consumed's
+        phase before this use; a buffer's first use waits for the phase before the first,
+        which counts as complete)."""
+        K8, V8, k8_full, v8_full, consumed, staged_pages = scratch[2:8]
+        b = gt % STAGING
+        T.mbarrier_wait_parity(consumed[b], ((gt // STAGING) & 1) ^ 1)
+        for p in T.unroll(pages_per_tile):
+            staged_pages[p] = page_id(kv, kv_start, seq_kv, t * pages_per_tile + p)
+        Stage(kv[0], K8, k8_full, b, staged_pages, kv_head, lambda p: in_cache(kv, staged_pages[p]))
+        Stage(
+            kv[1], V8, v8_full, b, staged_pages, kv_head,
+            lambda p: page_is_whole(kv, staged_pages, t, seq_kv, p),
+        )  # fmt: skip
+
+    @T.macro
+    def StartItem(kv, scratch, ring, tiles, kv_start, seq_kv, kv_head):
+        """Loader warps, at an item with tiles >= 1 tiles whose tile 0 is the block's ring-th:
+        the first warp stages tiles 0 and 1."""
+        if T.get_thread_binding() % LOADER_THREADS < 32:
+            StageTile(kv, scratch, 0, ring, kv_start, seq_kv, kv_head)
+            if tiles > 1:
+                StageTile(kv, scratch, 1, ring + 1, kv_start, seq_kv, kv_head)
+
+    @T.macro
+    def Convert(staged, b, shared, stage):
+        """staged[b] into the ring slot shared[stage], the whole tile: a thread converts 8
+        consecutive values a step (an 8-byte shared load, a 16-byte store into the swizzled
+        slot). A warp reads two contiguous 128-byte rows, each quarter warp stores 8 distinct
+        16-byte chunks of one swizzled row: no bank conflict either way."""
+        if bits:
+            lane = T.get_thread_binding() % LOADER_THREADS
+            for i in T.unroll(block_N * HEAD_DIM // (VECTOR * LOADER_THREADS)):
+                r = i * (LOADER_THREADS * VECTOR // HEAD_DIM) + lane // (HEAD_DIM // VECTOR)
+                c = lane % (HEAD_DIM // VECTOR) * VECTOR
+                T.call_extern(
+                    "handle", "tl_e4m3x8_to_bf16x8",
+                    T.address_of(staged[b, r, c]), T.address_of(shared[stage, r, c]),
+                )  # fmt: skip
+        else:
+            for r, c in T.Parallel(block_N, HEAD_DIM):
+                shared[stage, r, c] = T.Cast(dtype, staged[b, r, c])
 
     @T.macro
     def GatherV(kv, V_shared, stage, pages, k, seq_kv, kv_head):
@@ -124,37 +206,41 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
                         )  # fmt: skip
 
     @T.macro
-    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
-        """The producer warpgroup (all four warps): K and V of KV tile k, the g-th through the
-        ring, staged as FP8 and converted into the ring slots (module docstring)."""
+    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles):
+        """The producer warpgroup (all four warps): K and V of KV tile k of an item of `tiles`
+        tiles, the g-th through the ring and the staging buffers, converted into the ring
+        slots; then the first warp stages tile k + 2 (module docstring)."""
         K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
-        pages, K8, V8, k8_full, v8_full = scratch[0], scratch[2], scratch[3], scratch[4], scratch[5]
+        pages, K8, V8, k8_full, v8_full, consumed = scratch[0], *scratch[2:7]
         stage = g % num_stages
         phase = ((g // num_stages) & 1) ^ 1
+        b = g % STAGING
+        staged = (g // STAGING) & 1
         helpers.FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
-        T.sync_threads(FP8_BARRIER, LOADER_THREADS)  # K8 and V8 are free
-        if T.get_thread_binding() % 128 < 32:
-            Stage(kv[0], K8, k8_full, pages, kv_head, lambda p: in_cache(kv, pages[p]))
-            Stage(
-                kv[1], V8, v8_full, pages, kv_head,
-                lambda p: page_is_whole(kv, pages, k, seq_kv, p),
-            )  # fmt: skip
-        T.mbarrier_wait_parity(k8_full[0], g & 1)
+        T.mbarrier_wait_parity(k8_full[b], staged)
         T.mbarrier_wait_parity(k_empty[stage], phase)
-        Convert(K8, K_shared, stage)
+        Convert(K8, b, K_shared, stage)
         T.fence_proxy_async()  # the generic proxy's writes, before wgmma reads them
         T.mbarrier_arrive(k_full[stage])
-        T.mbarrier_wait_parity(v8_full[0], g & 1)
+        T.mbarrier_wait_parity(v8_full[b], staged)
         T.mbarrier_wait_parity(v_empty[stage], phase)
-        Convert(V8, V_shared, stage)
+        Convert(V8, b, V_shared, stage)
+        T.mbarrier_arrive(consumed[b])  # K8[b] and V8[b] are read
         if ~helpers.tile_is_whole(kv, pages, k, seq_kv):
             GatherV(kv, V_shared, stage, pages, k, seq_kv, kv_head)
         T.fence_proxy_async()
         T.mbarrier_arrive(v_full[stage])
+        if T.get_thread_binding() % LOADER_THREADS < 32:
+            if k + STAGING < tiles:
+                StageTile(kv, scratch, k + STAGING, g + STAGING, kv_start, seq_kv, kv_head)
 
     fp8 = SimpleNamespace(**vars(source))
     fp8.kernel, fp8.alloc_scratch, fp8.LoadTile = kernel, alloc_scratch, LoadTile
+    fp8.StartItem = StartItem
     fp8.loader_warps = LOADER_THREADS // 32
+    # The consumers store the output from registers: the output buffer's room stages a tile.
+    fp8.output_buffer = False
+    fp8.prelude = FP8_TO_BF16 if bits else None
     # setmaxnreg within the launch's 168 a thread: 72 + 2 x 216 = 504 = 3 x 168 (64 / 224 asked
     # 512: the consumers' setmaxnreg.inc never returned, the kernel hung). 0 spills both dtypes.
     fp8.producer_regs, fp8.consumer_regs = 72, 216

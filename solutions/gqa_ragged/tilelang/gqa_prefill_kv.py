@@ -12,7 +12,9 @@ gqa_prefill_steps.build_steps (build_kv). A source gives
   ring slot, completing the slot's full barriers (loader_warps producer warps run it, their
   full barriers count loader_warps * 32 arrivals), and CopyK / CopyV, the pipelined program's
   copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
-  epilogue reads (paged only).
+  epilogue reads (paged only);
+- FP8's only (gqa_prefill_fp8): StartItem (LoadTile then takes the item's tile count),
+  output_buffer (False: no output buffer) and prelude (CUDA code heading the kernel's source).
 
 The layouts:
 - ragged: K and V [total_kv, 8, 128] at any token stride; kv_indptr indexes key rows. A tile is
@@ -402,7 +404,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     helpers = SimpleNamespace(
         cache=cache, Body=Body, FindPages=FindPages, page_is_whole=page_is_whole,
         tile_is_whole=tile_is_whole,
-        in_cache=in_cache, clamp=clamp, pages_per_tile=pages_per_tile,
+        in_cache=in_cache, clamp=clamp, page_id=page_id, pages_per_tile=pages_per_tile,
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
     )  # fmt: skip
     return fp8_paged_kv(dims, source, helpers, cache_dtype)

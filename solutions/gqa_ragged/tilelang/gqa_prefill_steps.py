@@ -367,11 +367,16 @@ def build_steps(
                 poisoned, T.if_then_else(logsum[i] > 0, scaled(out_scale, logsum[i]), 0.0)
             )
         Rescale(acc_o, scores_scale)
-        T.copy(acc_o, O_shared)
-        # Rows past the sequence's end belong to the next sequence (or to no one): skip.
-        for i, j in T.Parallel(block_M, HEAD_DIM):
-            if q_tile + i < seq_q:
-                Output[q_start + q_tile + i, head, j] = O_shared[i, j]
+        if O_shared is None:  # from registers
+            for i, j in T.Parallel(block_M, HEAD_DIM):
+                if q_tile + i < seq_q:
+                    Output[q_start + q_tile + i, head, j] = T.Cast(dtype, acc_o[i, j])
+        else:
+            T.copy(acc_o, O_shared)
+            # Rows past the sequence's end belong to the next sequence (or to no one): skip.
+            for i, j in T.Parallel(block_M, HEAD_DIM):
+                if q_tile + i < seq_q:
+                    Output[q_start + q_tile + i, head, j] = O_shared[i, j]
         for i in T.Parallel(block_M):
             if q_tile + i < seq_q:
                 LSE[q_start + q_tile + i, head] = lse[i]

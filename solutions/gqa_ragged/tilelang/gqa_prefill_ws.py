@@ -14,7 +14,6 @@ from .gqa_prefill_steps import (
     KV_START,
     LOG2_E,
     NUM_HEADS,
-    POISON_SLOT,
     Q_START,
     Q_TILE,
     SEQ_KV,
@@ -44,13 +43,16 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
 
     The producer warp takes the work items and hands each to the consumers through a 2-slot
     shared buffer (item_full / item_empty barriers), so the consumers never wait for the sequence
-    search. persistent: a grid of num_sms blocks; each producer takes the next item from
-    Scheduler[0] by atomic add (items run heaviest first, and the first block to ask gets the
-    next: it balances unequal items better than a static round robin), the
-    last block to finish zeroes Scheduler again for the next launch on that stream. The ring and
-    Q's barriers run on across items, so the producer loads the next item's Q, K and V while
-    the consumers finish the last P V and store the output (staged in its own shared buffer, so
-    that Q's can refill early). Otherwise one block per item, and Scheduler is unused.
+    search: the loader warps fetch an item and produce its loads (FetchItem, ProduceItem), the
+    consumers receive it, checked, and consume it (ReceiveItem, ConsumeItem); the hand-over
+    steps are gqa_prefill_items'. persistent: a grid of num_sms blocks; each producer takes the
+    next item from Scheduler[0] by atomic add (items run heaviest first, and the first block to
+    ask gets the next: it balances unequal items better than a static round robin), the last
+    block to finish zeroes Scheduler again for the next launch on that stream. The ring and Q's
+    barriers run on across items, so the producer loads the next item's Q, K and V while the
+    consumers finish the last P V and store the output (staged in its own shared buffer, so
+    that Q's can refill early; FP8 caches: stored from registers, the buffer's room stages
+    K/V). Otherwise one block per item, and Scheduler is unused.
     Why persistent and dynamic: TUNING.md.
 
     K and V come through the steps' K/V source (gqa_prefill_kv): the producer warp's TMA boxes
@@ -75,7 +77,6 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     """
     dtype, block_M, block_N, kv_source = steps.dtype, steps.block_M, steps.block_N, steps.kv
     num_slots, accum_dtype, neg_inf = steps.num_slots, steps.accum_dtype, steps.neg_inf
-    CheckBatch, CheckTile, Poison = steps.CheckBatch, steps.CheckTile, steps.Poison
     bounds, Mask, MaskTile, Softmax, Rescale, Epilogue = (
         steps.bounds, steps.Mask, steps.MaskTile, steps.Softmax, steps.Rescale, steps.Epilogue
     )  # fmt: skip
@@ -107,8 +108,10 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     num_items = NUM_HEADS * num_slots
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
-    LoadQ, TakeItem, ResetScheduler = item_steps(
-        steps, consumer_threads, persistent, num_items, grid
+    # A K/V source that stages tiles ahead (FP8) starts each item's staging.
+    StartItem = getattr(kv_source, "StartItem", None)
+    LoadQ, FetchItem, ReceiveItem = item_steps(
+        steps, consumer_threads, loader_warps, persistent, num_items, grid
     )  # fmt: skip
 
     @T.macro
@@ -167,6 +170,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         q_full, q_empty = q_bars
         k_full, k_empty, v_full, v_empty = bars
 
+        if StartItem is not None:  # before Q's wait for the last item's Q K^T
+            StartItem(kv, scratch, ring[0], loop_range, kv_start, seq_kv, kv_head)
         if loader_warps == 1:
             LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
         else:
@@ -174,10 +179,16 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                 LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
         for k in T.serial(loop_range):
             g = ring[0] + k
-            kv_source.LoadTile(
-                kv, (K_shared, V_shared, k_full, k_empty, v_full, v_empty), num_stages, g, k,
-                kv_start, seq_kv, kv_head, scratch, items_done[0],
-            )  # fmt: skip
+            bufs = (K_shared, V_shared, k_full, k_empty, v_full, v_empty)
+            if StartItem is None:
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, items_done[0]
+                )  # fmt: skip
+            else:  # it stages tiles ahead: it takes the item's tile count
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch,
+                    items_done[0], loop_range,
+                )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 
@@ -271,13 +282,17 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
 
     @T.macro
     def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
-        with T.Kernel(grid, threads=threads) as block:
+        with T.Kernel(grid, threads=threads, prelude=getattr(kv_source, "prelude", None)) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             # Persistent: the output gets its own buffer, so the next item's Q can load while
             # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
+            # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
+            # from registers (O_shared None).
             O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
+            if not getattr(kv_source, "output_buffer", True):
+                O_shared = None
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
             acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
@@ -330,57 +345,28 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             tx = T.get_thread_binding()
             scale_log2 = sm_scale * LOG2_E
 
+            # The item hand-over's state (gqa_prefill_items).
+            hand = (
+                tile, seq, ok, fetch, fetched, item_tile, item_empty, item_full, item_checked,
+                batch_checked, batch_ok, qo_indptr, kv, Scheduler, block, tx, window_left,
+            )  # fmt: skip
+
             if tx >= consumer_threads:
                 T.set_max_nreg(producer_regs, 0)
                 if kv_source.InitScratch is not None:
                     if tx == consumer_threads:
                         kv_source.InitScratch(scratch)
-                args = (
-                    tile, seq, fetch, fetched, item_tile, item_empty, item_full, batch_checked,
-                    batch_ok, qo_indptr, kv, Scheduler, block, tx, window_left,
-                )  # fmt: skip
                 load = (
                     (Q, kv), (Q_shared, K_shared, V_shared), (q_full, q_empty),
                     (k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx,
                 )  # fmt: skip
                 if loader_warps == 1:
-                    if tx < consumer_threads + 32:
+                    if tx < consumer_threads + 32:  # the other producer warps idle
                         while fetched[0] >= 0:
-                            slot = fetched[0] % 2
-                            item = TakeItem(slot, args)
-                            if item < num_items:
-                                if batch_ok[0] == 0:  # the consumers check the item
-                                    T.mbarrier_wait_parity(
-                                        item_checked[slot], (fetched[0] // 2) & 1
-                                    )
-                                    tile[SEQ_Q] = item_tile[slot, SEQ_Q]
-                                    tile[Q_TILE] = item_tile[slot, Q_TILE]
-                                ProduceItem(tile, load)
-                                fetched[0] = fetched[0] + 1
-                            else:
-                                fetched[0] = -1  # done
-                                if persistent:
-                                    ResetScheduler(Scheduler, tx)
+                            FetchItem(hand, lambda: ProduceItem(tile, load))
                 else:
-                    # The first loader warp takes the items; every loader warp reads them back
-                    # from item_tile, as the consumers do.
                     while fetched[0] >= 0:
-                        slot = fetched[0] % 2
-                        if tx < consumer_threads + 32:
-                            item = TakeItem(slot, args)
-                            if persistent:
-                                if item >= num_items:
-                                    ResetScheduler(Scheduler, tx)
-                        T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
-                        if item_tile[slot, POISON_SLOT] >= 0:  # the consumers check the item
-                            T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
-                        for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
-                            tile[i] = item_tile[slot, i]
-                        if tx >= consumer_threads + 32:
-                            T.mbarrier_arrive(item_empty[slot])
-                        fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
-                        if tile[HAS_ITEM] == 1:
-                            ProduceItem(tile, load)
+                        FetchItem(hand, lambda: ProduceItem(tile, load))
             else:
                 T.set_max_nreg(consumer_regs, 1)
                 warpgroup = tx // 128
@@ -390,34 +376,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                     if warpgroup == num_consumers - 1:
                         T.named_barrier_arrive(PINGPONG_BARRIER, 256)  # warpgroup 0 first
                 while fetched[0] >= 0:
-                    slot = fetched[0] % 2
-                    if (fetched[0] == 0) & (tx < 32):
-                        CheckBatch(indptr, tx, 32, ok)
-                        verdict = T.all_sync(ok[0])
-                        if tx == 0:
-                            batch_ok[0] = verdict
-                        T.mbarrier_arrive(batch_checked[0])
-                    T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
-                    if item_tile[slot, POISON_SLOT] >= 0:  # a malformed batch
-                        # The first warp checks the item's tile and marks it in item_tile for
-                        # everyone, the producer included, who all wait for that.
-                        if tx < 32:
-                            CheckTile(
-                                item_tile[slot, POISON_SLOT], indptr, seq, tx, 32, ok, T.all_sync
-                            )
-                            if (tx == 0) & (ok[0] == 0):  # seq_q = q_tile = 0, as for a spare slot
-                                item_tile[slot, SEQ_Q] = 0
-                                item_tile[slot, Q_TILE] = 0
-                            T.mbarrier_arrive(item_checked[slot])
-                        Poison(
-                            indptr, Output, LSE, item_tile[slot, POISON_SLOT],
-                            item_tile[slot, HEAD], tx, consumer_threads, seq, ok,
-                        )  # fmt: skip
-                        T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
-                    for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
-                        tile[i] = item_tile[slot, i]
-                    T.mbarrier_arrive(item_empty[slot])
-                    fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
+                    ReceiveItem(hand, indptr, Output, LSE)
                     q_start, seq_q = tile[Q_START], tile[SEQ_Q]
                     seq_kv, q_tile = tile[SEQ_KV], tile[Q_TILE]
                     head = tile[HEAD]

@@ -5,12 +5,15 @@ import json
 
 import torch
 from flashinfer_bench import TraceSet
+from flashinfer_bench.compile.builder import BuildError
+from flashinfer_bench.data import SupportedLanguages
 from safetensors.torch import load_file
 
 from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
+from prefill_bundle.testing import build_solution, load_solution
 from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 
@@ -161,3 +164,19 @@ def test_report_is_generated_from_the_committed_traces():
     from prefill_bundle.report import render
 
     assert (REPO_ROOT / "report.md").read_text() == render(load()), "run: python scripts/report.py"
+
+
+def test_every_python_built_solution_passes_flashinfer_bench_build():
+    """flashinfer-bench's builder refuses an entry whose parameter count is not the definition's
+    (inputs, plus outputs in destination-passing style) and the bench then records
+    COMPILE_ERROR on the GPU: build every Python, Triton and TileLang solution here (an import
+    and the signature check; CUDA solutions build in tests/test_cuda_build.py)."""
+    failures = {}
+    for spec in SOLUTIONS:
+        if load_solution(spec.name).spec.language == SupportedLanguages.CUDA:
+            continue
+        try:
+            build_solution(spec.name)
+        except BuildError as error:
+            failures[spec.name] = str(error)
+    assert failures == {}

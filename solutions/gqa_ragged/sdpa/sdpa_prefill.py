@@ -58,7 +58,18 @@ def run_padded(q, k, v, causal):
     return out.transpose(1, 2)
 
 
-def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
+def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale):
+    # Exactly the definition's inputs: flashinfer-bench refuses an entry with any other count.
+    return _varlen_flash(q, k, v, qo_indptr, kv_indptr, sm_scale, -1)
+
+
+def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale):
+    return _varlen_flash(q, k, v, qo_indptr, kv_indptr, sm_scale, int(window_left))
+
+
+def _varlen_flash(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left):
+    """The varlen FlashAttention kernel behind SDPA, causal (bottom-right), its own window
+    (window_left >= 0) or none (-1); output and base-2 LSE."""
     lengths = torch.stack([qo_indptr.diff(), kv_indptr.diff()]).amax(dim=1).tolist()
     window = {} if window_left < 0 else {"window_size_left": window_left, "window_size_right": 0}
     output, lse, *_ = torch.ops.aten._flash_attention_forward(
@@ -82,10 +93,6 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
         seq = torch.searchsorted(qo_indptr, rows, right=True) - 1
         lse = lse[seq, :, rows - qo_indptr[seq]]
     return output, lse * _LOG2_E
-
-
-def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale):
-    return run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, int(window_left))
 
 
 def _gather_paged(cache, kv_indptr, kv_indices, last_page_len):

@@ -19,7 +19,6 @@ from collections import Counter
 import flashinfer
 import torch
 from flashinfer_bench.apply import apply, disable_apply
-from flashinfer_bench.compile import BuilderRegistry
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED
 from prefill_bundle.serving import dispatch_table, enable_bundle_apply
@@ -101,18 +100,17 @@ def flashinfer_only(indptr):
     return lambda q, k, v: wrapper.run(q, k, v)
 
 
-def record_dispatches():
-    """Count which solution apply builds (i.e. runs) for each call."""
-    registry = BuilderRegistry.get_instance()
-    original = registry.build
+def record_dispatches(runtime):
+    """(served, stop): stop() fills served with the solution each call through the runtime ran
+    since (its `served` counter); nothing when runtime is None (apply off)."""
+    before = Counter(runtime.served) if runtime is not None else Counter()
     served = Counter()
 
-    def build(definition, solution):
-        served[solution.name] += 1
-        return original(definition, solution)
+    def stop():
+        if runtime is not None:
+            served.update(runtime.served - before)
 
-    registry.build = build
-    return served, lambda: setattr(registry, "build", original)
+    return served, stop
 
 
 def dispatch_overhead(runtime, calls=3000):
@@ -121,7 +119,7 @@ def dispatch_overhead(runtime, calls=3000):
     k = torch.randn(1, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     indptr = lengths_to_indptr([1]).cuda()
     args = (q, k, k, indptr, indptr, SM_SCALE)
-    served, restore = record_dispatches()
+    served, restore = record_dispatches(runtime)
     ragged_attention(*args)
     restore()
     name = next(iter(served))
@@ -149,7 +147,7 @@ def drop_in(stream):
     v = torch.randn_like(k)
     reference = flashinfer_only(indptr)(q, k, v)
     runtime = enable_bundle_apply()
-    served, restore = record_dispatches()
+    served, restore = record_dispatches(runtime)
     try:
         wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace, "NHD", backend="fa3")
         wrapper.plan(indptr, indptr, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, causal=True,
@@ -252,14 +250,14 @@ def prefix_cache_chat(model, page_size):
     results = {}
     for label in ("flashinfer", "bundle"):
         runtime = enable_bundle_apply() if label == "bundle" else None
-        served, restore = record_dispatches()
+        served, restore = record_dispatches(runtime)
         PagedChat(model, page_size).run(paged_wrapper)  # warm-up (JIT, plans, builds)
         torch.cuda.synchronize()
         start = time.perf_counter()
         out = PagedChat(model, page_size).run(paged_wrapper)
         torch.cuda.synchronize()
-        results[label] = (time.perf_counter() - start, out, dict(served))
         restore()
+        results[label] = (time.perf_counter() - start, out, dict(served))
         if runtime is not None:
             disable_apply()
     (fi_s, fi_out, _), (b_s, b_out, served) = results["flashinfer"], results["bundle"]
@@ -284,7 +282,7 @@ def main():
 
     runtime = enable_bundle_apply()
     table = dispatch_table(runtime).get(RAGGED, {})
-    served, restore = record_dispatches()
+    served, restore = record_dispatches(runtime)
     run_stream(model, stream, through_apply)  # first use compiles each solution's variants
     restore()
     results["bundle (apply)"] = run_stream(model, stream, through_apply)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from flashinfer_bench import TraceSet
 from flashinfer_bench.apply import ApplyConfig, ApplyRuntime, apply, disable_apply
+from flashinfer_bench.compile import BuilderRegistry
 
 from prefill_bundle import MINI, OP_TYPE, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.serving import (
@@ -266,3 +267,43 @@ def test_key_of_arguments_that_are_not_the_definitions():
     builder = BucketedPrefillKeyBuilder(definition)
     q, k = torch.empty(5, 32, 128), torch.empty(7, 8, 128)
     assert builder.build_from_args((q, k, k, [0, 5], [0, 7], 0.1)) == UNSERVABLE_KEY
+
+
+def test_a_shape_seen_before_takes_its_remembered_route(runtime, monkeypatch):
+    """The second call of a raw key asks neither the table nor the registry (apply's per-call
+    overhead, issue 19), and gets the same solution; served counts each call."""
+    assert served_by(4, 300, 400) == "solution_b"
+    lookups = []
+    table_match = runtime._table.match_solution
+    monkeypatch.setattr(runtime._table, "match_solution",
+                        lambda *a: lookups.append(a) or table_match(*a))  # fmt: skip
+    registry = BuilderRegistry.get_instance()
+    build = registry.build
+    monkeypatch.setattr(registry, "build", lambda *a: lookups.append(a) or build(*a))
+    for _ in range(3):
+        assert served_by(4, 300, 400) == "solution_b"
+    assert lookups == []
+    assert runtime.served["solution_b"] == 4
+    assert served_by(1, 100, 120) == "solution_a"  # a new raw key: looked up once
+    assert len(lookups) == 2
+
+
+def test_keyword_arguments_route_as_positional_ones(runtime):
+    """flashinfer-bench's FlashInfer adapters call apply with keyword arguments."""
+    q = torch.randn(4, 300, 32, 128, dtype=torch.float16)
+    k = torch.randn(4, 400, 8, 128, dtype=torch.float16)
+    out = torch.empty_like(q)
+    arguments = {"q": q, "k": k, "v": k, "causal": True, "out": out}
+    apply(MINI, kwargs=arguments, fallback=lambda **_: out.fill_(FALLBACK_MARKER))
+    assert torch.all(out == MARKERS["solution_b"])
+    assert runtime.served["solution_b"] == 1
+
+
+def test_a_value_returning_call_gets_the_definitions_outputs(runtime):
+    """Called without out, apply allocates it (shaped off q, the definition's dtype) for the
+    destination-passing solution and returns it, as flashinfer-bench's runnable would."""
+    q = torch.randn(4, 300, 32, 128, dtype=torch.float16)
+    k = torch.randn(4, 400, 8, 128, dtype=torch.float16)
+    out = apply(MINI, args=(q, k, k, True), fallback=lambda *_: None)
+    assert out.shape == q.shape and out.dtype == torch.float16
+    assert torch.all(out == MARKERS["solution_b"])

@@ -78,7 +78,7 @@ def variant_header(variant: str, knobs: BuildKnobs) -> str:
 
 def set_cuda_home() -> None:
     """tvm-ffi takes CUDA_HOME from nvcc's grandparent folder; a wrapper script on PATH
-    (/usr/local/bin/nvcc) leaves it without lib64 for -lcudart (as in tests/conftest.py)."""
+    (/usr/local/bin/nvcc) leaves it without lib64 for -lcudart (tests/conftest.py, tune_cuda.py)."""
     nvcc = shutil.which("nvcc")
     if nvcc and "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
         if not (Path(nvcc).resolve().parent.parent / "lib64").exists():

@@ -169,7 +169,9 @@ class BundleApplyRuntime(ApplyRuntime):
         super().__init__(*args, **kwargs)
         self.refusals: dict = {}  # (definition, argument) -> first message, for the warning
         self.served: Counter = Counter()
-        self._plans: dict = {}  # definition -> (definition, inputs, outputs, key builder) or None
+        # definition -> (definition, input count, output count, key builder, output_allocation)
+        # or None (not routed here)
+        self._plans: dict = {}
         self._routes: dict = {}  # (definition, raw key) -> (solution name, runnable) or None
 
     def _plan(self, def_name):

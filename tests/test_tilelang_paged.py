@@ -97,6 +97,12 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     else:
         assert "K_cache_desc" not in source  # gathered, not boxed
         assert "tl::warpgroup_reg_dealloc<56>" in source  # the loader warpgroup's registers
+        # The loaders read a tile's page ids once (a lane's held row), and each pass takes its
+        # row's from lane 2 i + lane // 16, which holds it only if T.Parallel puts 16 threads
+        # on a row and rows 2 w, 2 w + 1 of each pass on warp w: row (thread & 127) >> 4.
+        assert "((i_3 * 2) + ((((int)threadIdx.x) & 31) >> 4)), 32)" in source
+        assert "(((((int)threadIdx.x) & 127) >> 4) * 64)" in source
+        assert source.count("kv_indices[") == 1
 
 
 @pytest.mark.parametrize("dtype,page_size", kernel_module().PAGED_VARIANTS)

@@ -181,12 +181,14 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         return T.if_then_else(j * page_size < seq_kv, kv[4][kv_start + j], -1)
 
     def alloc_scratch():
-        """(pages, bad): pages holds the tile's page ids (page size 64; registers).
+        """(pages, bad): pages holds the tile's page ids (page size 64; registers) or the held
+        row's (page size 1, warp-specialized).
         bad[item % 2] = item + 1 marks an item (counted over the block's items with query
         rows) that met a bad page id: two items are in flight at most (the producer takes the
         next item's Q only once the consumers are past this one's Q K^T)."""
         bad = T.alloc_shared([2], T.int32)
-        return (None if gather else T.alloc_local([pages_per_tile], T.int32)), bad
+        # Page size 1: the id of this loader thread's held row (HoldPageIds).
+        return T.alloc_local([1 if gather else pages_per_tile], T.int32), bad
 
     @T.macro
     def InitScratch(scratch):
@@ -335,6 +337,49 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
                     cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
                 )  # fmt: skip
 
+    # The warp-specialized gather: 16 threads copy a row (16 bytes each), 8 rows a pass, 16
+    # passes a tile, and warp w copies rows 2w and 2w + 1 of each pass (lanes 0-15 and 16-31:
+    # T.Parallel's thread layout, which test_tilelang_paged.py checks in the generated source).
+    # Over a tile warp w copies the 32 rows 2w + h + 8i (h = lane // 16, i the pass), so each
+    # lane reads one of their ids a tile (lane l: row 2w + l % 2 + 8 (l // 2)) and pass i takes
+    # its row's id from lane 2i + h with a shuffle: one id load a thread and tile instead of one
+    # a pass for K, one for V and one for the check (the producer's instructions per tile were
+    # 2.3x ragged's, and it ran at 0.46x ragged's speed: TUNING.md).
+    def held_row(tx):
+        assert (block_N, loader_threads, HEAD_DIM) == (128, 128, 128), "16 passes of 8 rows"
+        lane = tx % 32
+        return 2 * (tx % 128 // 32) + lane % 2 + 8 * (lane // 2)
+
+    @T.macro
+    def HoldPageIds(kv, scratch, k, kv_start, seq_kv, item):
+        """scratch[0][0] = the page id of this thread's held row of tile k; a key on a bad page
+        marks the item. The loads are one coalesced read of the tile's kv_indices."""
+        key = k * block_N + held_row(T.get_thread_binding())
+        scratch[0][0] = row_page(kv, kv_start, key)
+        if (key < seq_kv) & ~in_cache(kv, scratch[0][0]):
+            MarkBad(scratch, item, True)
+
+    @T.macro
+    def GatherHeldRows(cache, shared, stage, kv, k, seq_kv, kv_head, held):
+        """GatherRows for the producer warpgroup, the page ids from HoldPageIds (held)."""
+        lane = T.get_thread_binding() % 32
+        rows = rows_per_pass(loader_threads)
+        chunks = HEAD_DIM // VECTOR  # threads a row
+        # Pinned: left to layout inference, a loop that reads `page` gets a thread a column.
+        layout = T.Fragment(
+            [rows, HEAD_DIM],
+            forward_thread_fn=lambda r, c: r * chunks + c // VECTOR,
+            forward_index_fn=lambda r, c: c % VECTOR,
+        )
+        for i in T.unroll(block_N // rows, annotations=UNROLLED_BY_4):
+            page = T.shfl_sync(held[0], 2 * i + lane // 16)
+            for r, c in T.Parallel(rows, HEAD_DIM, loop_layout=layout, annotations=ASYNC_COPY):
+                key = k * block_N + i * rows + r
+                shared[stage, i * rows + r, c] = T.if_then_else(
+                    (key < seq_kv) & in_cache(kv, page),
+                    cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
+                )  # fmt: skip
+
     # Both page sizes ------------------------------------------------------------------------
 
     @T.macro
@@ -347,19 +392,19 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         stage = g % num_stages
         phase = ((g // num_stages) & 1) ^ 1
         if gather:
-            CheckPageIds(kv, scratch, k, kv_start, seq_kv, item, True)
+            HoldPageIds(kv, scratch, k, kv_start, seq_kv, item)
         else:
             FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
         T.mbarrier_wait_parity(k_empty[stage], phase)
         if gather:
-            GatherRows(kv[0], K_shared, stage, kv, k, kv_start, seq_kv, kv_head, loader_threads)
+            GatherHeldRows(kv[0], K_shared, stage, kv, k, seq_kv, kv_head, scratch[0])
             CopiesArrive(k_full, stage)
         else:
             LoadPagedK(kv, K_shared, k_full, stage, kv_head, scratch[0], True)
         T.mbarrier_arrive(k_full[stage])
         T.mbarrier_wait_parity(v_empty[stage], phase)
         if gather:
-            GatherRows(kv[1], V_shared, stage, kv, k, kv_start, seq_kv, kv_head, loader_threads)
+            GatherHeldRows(kv[1], V_shared, stage, kv, k, seq_kv, kv_head, scratch[0])
             CopiesArrive(v_full, stage)
         else:
             LoadPagedV(

@@ -21,15 +21,13 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import torch
 
 from prefill_bundle import REPO_ROOT, arguments
-from prefill_bundle.cuda_build import RESOURCES_MD, compile_entry, ptxas_report
+from prefill_bundle.cuda_build import RESOURCES_MD, ptxas_report
 from prefill_bundle.testing import build_solution
 
 NVCC = shutil.which("nvcc")
@@ -80,26 +78,17 @@ def resources_markdown(output: str) -> str:
     return module.resources_markdown(output)
 
 
-@lru_cache(maxsize=None)
-def compile_all(tmp: str) -> dict:
-    """Compile once per arch (in parallel): {arch: (returncode, output)}."""
-
-    def run(arch):
-        return arch, compile_entry(NVCC, arch, Path(tmp) / f"entry_{arch}.o", arch == "90a")
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, ("90", "90a")))
+@pytest.fixture(scope="module")
+def compiled(entry_builds):
+    """{arch: (returncode, output)} of sm_90 and sm_90a: the session's builds (conftest.py's
+    entry_builds, shared with tests/test_cuda_fp8.py)."""
+    return {arch: entry_builds[arch][:2] for arch in ("90", "90a")}
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("cuda_build")
-
-
-@pytest.fixture(scope="module")
-def compiled(build_dir):
-    """{arch: (returncode, output)}; the objects are build_dir / entry_{arch}.o."""
-    return compile_all(str(build_dir))
+def objects(entry_builds):
+    """{arch: the object file} of the same builds."""
+    return {arch: entry_builds[arch][2] for arch in ("90", "90a")}
 
 
 @needs_nvcc
@@ -195,13 +184,13 @@ def sass_by_function(cuobjdump: str, obj: Path) -> dict:
 
 
 @needs_nvcc
-def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, build_dir):
+def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, objects):
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump found")
     assert all(returncode == 0 for returncode, _ in compiled.values())
     for arch in ("90", "90a"):
-        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        functions = sass_by_function(cuobjdump, objects[arch])
         for dtype, causal, ragged in VARIANTS:
             wgmma = [f for f in functions if kernel_name(WGMMA_KERNEL, dtype, causal, ragged) in f]
             portable = [
@@ -229,7 +218,7 @@ def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, build_dir):
 
 
 @needs_nvcc
-def test_paged_wgmma_kernels_load_pages_as_designed(compiled, build_dir):
+def test_paged_wgmma_kernels_load_pages_as_designed(compiled, objects):
     """sm_90a: the causal kernel's HGMMAs; Q by TMA (3-D); K/V by one 4-D TMA box per page
     (page size 64) or a cp.async gather arriving on the ring's barriers (page size 1)."""
     cuobjdump = find_cuobjdump()
@@ -237,7 +226,7 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, build_dir):
         pytest.skip("no cuobjdump found")
     assert all(returncode == 0 for returncode, _ in compiled.values())
     for arch in ("90", "90a"):
-        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        functions = sass_by_function(cuobjdump, objects[arch])
         for dtype, page_size in PAGED_VARIANTS:
             wgmma, portable = (
                 [f for f in functions if paged_kernel_name(kernel, dtype, page_size) in f]
@@ -261,7 +250,7 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, build_dir):
 
 
 @needs_nvcc
-def test_window_kernels_are_the_causal_ones(compiled, build_dir):
+def test_window_kernels_are_the_causal_ones(compiled, objects):
     """sm_90a: the sliding-window Hopper kernel is the ragged causal one (its HGMMAs, TMA Q and
     K/V boxes, setmaxnreg); the portable one uses mma.sync; the sm_90 build holds a stub."""
     cuobjdump = find_cuobjdump()
@@ -269,7 +258,7 @@ def test_window_kernels_are_the_causal_ones(compiled, build_dir):
         pytest.skip("no cuobjdump found")
     assert all(returncode == 0 for returncode, _ in compiled.values())
     for arch in ("90", "90a"):
-        functions = sass_by_function(cuobjdump, build_dir / f"entry_{arch}.o")
+        functions = sass_by_function(cuobjdump, objects[arch])
         for dtype in SWA_VARIANTS:
             wgmma, portable = (
                 [f for f in functions if swa_kernel_name(kernel, dtype) in f]

@@ -45,17 +45,11 @@ def fp8_name(kernel: str, dtype: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """{arch: (returncode, ptxas output, object)} of the working tree's entry."""
-    if NVCC is None:
-        pytest.skip("nvcc is not on PATH")
-    folder = tmp_path_factory.mktemp("fp8_build")
-    result = {}
-    for arch in ("90a", "90", "80"):
-        obj = folder / f"entry_{arch}.o"
-        returncode, output = compile_entry(NVCC, arch, obj, True)
-        result[arch] = (returncode, output, obj)
-    return result
+def builds(entry_builds):
+    """{arch: (returncode, ptxas output, object)} of the working tree's entry for sm_90a, sm_90
+    and sm_80: the session's builds (conftest.py's entry_builds, shared with
+    tests/test_cuda_build.py)."""
+    return {arch: entry_builds[arch] for arch in ("90a", "90", "80")}
 
 
 @needs_nvcc

@@ -1,0 +1,44 @@
+"""On the GPU, under Nsight Compute: one solution's kernel on one paged workload's K/V (paged
+solutions read the pages; `*_ragged` ones the same keys gathered, as scripts/paged_vs_ragged.py
+pairs them), launched twice to warm up, then once between cudaProfilerStart/Stop:
+
+    ncu --profile-from-start off -k regex:"wgmma|main_kernel" --launch-count 1 --set full \\
+        python scripts/profile_paged.py tilelang_paged_ps1 [workload]
+
+Per-instruction stall samples (where warp-specialized kernels lose time, by warp role):
+    ncu ... --section SourceCounters -o report python scripts/profile_paged.py SOLUTION
+    ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv
+The findings are in each backend's TUNING.md (paged sections).
+"""
+
+import sys
+
+import torch
+from paged_vs_ragged import gathered
+
+from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.workloads import PAGED_BATCHES
+
+
+def main():
+    name = sys.argv[1]
+    workload = sys.argv[2] if len(sys.argv) > 2 else "chunked_prefill_2k_over_8k"
+    batch = next(b for b in PAGED_BATCHES if b.name == workload)
+    page_size = int(name.rsplit("ps", 1)[1]) if "_ps" in name else 1
+    case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix)
+    paged = make_inputs(case, "cuda", seed=0)
+    paged = [x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x for x in paged]
+    args = gathered(case, paged) if name.endswith("_ragged") else paged
+    fn = build_solution(name)
+    outputs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
+    for _ in range(2):
+        fn(*args, *outputs)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn(*args, *outputs)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()

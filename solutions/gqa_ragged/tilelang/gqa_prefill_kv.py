@@ -313,29 +313,35 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         index is kept inside kv_indices, and the caller masks the row)."""
         return kv[4][T.max(T.min(kv_start + key, num_kv_indices - 1), 0)]
 
+    def gathered(cache, kv, key, seq_kv, page, kv_head, c):
+        """Element c of key `key`'s row on page `page`: zero past the keys and on a bad page
+        (cp.async's zero fill, no read)."""
+        return T.if_then_else(
+            (key < seq_kv) & in_cache(kv, page),
+            cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
+        )  # fmt: skip
+
+    # The pipelined program's (one block of block_N threads): a check pass, then the gathers
+    # reading each row's id from global memory (L1).
     @T.macro
-    def CheckPageIds(kv, scratch, k, kv_start, seq_kv, item, ws):
+    def CheckPageIds(kv, scratch, k, kv_start, seq_kv, item):
         """Marks the item if a key of tile k lies on a bad page id: one coalesced read of the
         tile's kv_indices, which leaves them in L1 for the gathers."""
         for r in T.Parallel(block_N):
             key = k * block_N + r
             if (key < seq_kv) & ~in_cache(kv, row_page(kv, kv_start, key)):
-                MarkBad(scratch, item, ws)
+                MarkBad(scratch, item, False)
 
     @T.macro
-    def GatherRows(cache, shared, stage, kv, k, kv_start, seq_kv, kv_head, threads):
-        """Tile k's keys into shared[stage] by page id, zero (cp.async's zero fill) past the keys
-        and on bad pages: the copies are in flight when it returns. The page ids come from
-        global memory (L1): read from shared memory, TileLang would add a barrier per pass."""
-        rows = rows_per_pass(threads)
+    def GatherRows(cache, shared, stage, kv, k, kv_start, seq_kv, kv_head):
+        """Tile k's keys into shared[stage] by page id (gathered): the copies are in flight when
+        it returns. Read from shared memory, the ids would cost a barrier per pass."""
+        rows = rows_per_pass(block_N)
         for i in T.unroll(block_N // rows, annotations=UNROLLED_BY_4):
             for r, c in T.Parallel(rows, HEAD_DIM, annotations=ASYNC_COPY):
                 key = k * block_N + i * rows + r
                 page = row_page(kv, kv_start, key)
-                shared[stage, i * rows + r, c] = T.if_then_else(
-                    (key < seq_kv) & in_cache(kv, page),
-                    cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
-                )  # fmt: skip
+                shared[stage, i * rows + r, c] = gathered(cache, kv, key, seq_kv, page, kv_head, c)
 
     # The warp-specialized gather: 16 threads copy a row (16 bytes each), 8 rows a pass, 16
     # passes a tile, and warp w copies rows 2w and 2w + 1 of each pass (lanes 0-15 and 16-31:
@@ -361,7 +367,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     @T.macro
     def GatherHeldRows(cache, shared, stage, kv, k, seq_kv, kv_head, held):
-        """GatherRows for the producer warpgroup, the page ids from HoldPageIds (held)."""
+        """Tile k's keys into shared[stage] by the producer warpgroup, the page ids shuffled from
+        HoldPageIds' (held): the copies are in flight when it returns."""
         lane = T.get_thread_binding() % 32
         rows = rows_per_pass(loader_threads)
         chunks = HEAD_DIM // VECTOR  # threads a row
@@ -375,10 +382,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
             page = T.shfl_sync(held[0], 2 * i + lane // 16)
             for r, c in T.Parallel(rows, HEAD_DIM, loop_layout=layout, annotations=ASYNC_COPY):
                 key = k * block_N + i * rows + r
-                shared[stage, i * rows + r, c] = T.if_then_else(
-                    (key < seq_kv) & in_cache(kv, page),
-                    cache[clamp(page), 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
-                )  # fmt: skip
+                shared[stage, i * rows + r, c] = gathered(cache, kv, key, seq_kv, page, kv_head, c)
 
     # Both page sizes ------------------------------------------------------------------------
 
@@ -419,8 +423,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     def CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch):
         ring = T.reshape(K_shared, [1, block_N, HEAD_DIM])
         if gather:
-            CheckPageIds(kv, scratch, k, kv_start, seq_kv, 0, False)
-            GatherRows(kv[0], ring, 0, kv, k, kv_start, seq_kv, kv_head, block_N)
+            CheckPageIds(kv, scratch, k, kv_start, seq_kv, 0)
+            GatherRows(kv[0], ring, 0, kv, k, kv_start, seq_kv, kv_head)
         else:
             FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
             LoadPagedK(kv, ring, None, 0, kv_head, scratch[0], False)
@@ -429,7 +433,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):
         ring = T.reshape(V_shared, [1, block_N, HEAD_DIM])
         if gather:
-            GatherRows(kv[1], ring, 0, kv, k, kv_start, seq_kv, kv_head, block_N)
+            GatherRows(kv[1], ring, 0, kv, k, kv_start, seq_kv, kv_head)
         else:
             FindPages(kv, scratch, k, kv_start, seq_kv, 0, False)
             LoadPagedV(kv, ring, None, 0, k, seq_kv, kv_head, scratch[0], False, block_N)

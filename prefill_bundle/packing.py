@@ -29,6 +29,7 @@ TRITON_SOURCES = (
     "kv_loops.py",
     "ragged_batch.py",
     "paged_kv.py",
+    "split_kv.py",
 )
 TILELANG_SOURCES = (
     "tilelang_prefill.py",

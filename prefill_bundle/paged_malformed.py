@@ -85,6 +85,15 @@ def _batches(page_size: int, fp8: bool = False) -> list:
         batch("qo_end_far_past_total", qo_indptr=(0, 20, 50, INT32_MAX)),
         batch("all_garbage", qo_indptr=(7, -3, 1 << 30, 5), kv_indptr=(99, 7, -8, INT32_MAX)),
     ]
+    # Decode-like rows (one query token a sequence): the Triton kernels split each sequence's
+    # keys over several programs there (split_kv.py), each writing the poison of its share.
+    decode = (0, 1, 2, 3)
+    swapped = (0, starts[2], starts[1], starts[3])  # sequence 1 of negative length
+    batches += [
+        batch("decode_rows", qo_indptr=decode),
+        batch("decode_rows_bad_page", qo_indptr=decode, kv_indices=_with(ids, starts[2], pages)),
+        batch("decode_rows_bad_kv_indptr", qo_indptr=decode, kv_indptr=swapped),
+    ]
     if page_size > 1:
         batches += [
             batch("last_page_len_zero", kv_last_page_len=(10, 0, 1)),

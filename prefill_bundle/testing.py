@@ -96,6 +96,7 @@ CPU_RAGGED_CASES = [
     RaggedCase((65, 1, 17), (65, 1, 17), torch.float16),
     RaggedCase((9, 20), (9, 33), torch.float16, sm_scale=-0.3),
     RaggedCase((9, 20), (9, 33), sm_scale=0.0),
+    RaggedCase((1, 2, 1, 0), (200, 97, 140, 5)),  # decode-like rows: Triton splits the keys
 ]
 
 # Every workload's shape plus the edges, at sizes that matter on the GPU.
@@ -194,6 +195,9 @@ CPU_PAGED_CASES = [
     PagedCase((9, 20, 3), (40, 33, 40), 1, torch.float16, shared_prefix=(30, 0, 30)),
     PagedCase((65, 1, 17), (130, 1, 17), 64, torch.float16),
     PagedCase((9, 20), (9, 33), 64, sm_scale=-0.3),
+    # Decode-like rows (Triton splits the keys), shared pages, a part-filled last page.
+    PagedCase((1, 1, 3), (200, 64, 130), 64, shared_prefix=(64, 64, 0)),
+    PagedCase((1, 2), (90, 41), 1),
 ]
 GPU_PAGED_CASES = (
     [
@@ -225,6 +229,7 @@ CPU_FP8_CASES = [
     PagedCase((7, 0, 33), (7, 0, 40), 64, fp8_scales=_FP8),
     PagedCase((20, 20, 5), (129, 128, 65), 64, shared_prefix=(64, 64, 0), fp8_scales=_FP8),
     PagedCase((45, 20), (12, 70), 64, fp8_scales=(1 / 256, 1 / 128), kv_magnitude=300.0),
+    PagedCase((1, 1), (150, 70), 64, fp8_scales=_FP8),  # decode-like: split keys (Triton)
 ]
 GPU_FP8_CASES = [
     PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix, fp8_scales=_FP8)

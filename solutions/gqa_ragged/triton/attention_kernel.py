@@ -125,6 +125,7 @@ def gqa_prefill_fwd(
     RAGGED: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
+    KV_SPLITS: tl.constexpr,  # > 1: split-KV (decode-like batches, see below); 1: off
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     BLOCK_TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_TILE
@@ -134,6 +135,16 @@ def gqa_prefill_fwd(
     head_block = tl.program_id(1)
     first_head = head_block * HEADS_PER_TILE
     kv_head = first_head // GROUP_SIZE
+    if KV_SPLITS > 1:
+        # Split-KV: program (slot, head block, split) takes the split-th of its tile's key tiles
+        # and writes that part's normalised output and LSE into slice `split` of out and lse,
+        # [KV_SPLITS, rows, NUM_HEADS, HEAD_DIM] and [KV_SPLITS, rows, NUM_HEADS] fp32
+        # workspaces, which merge_kv_splits combines (every write of the program goes there,
+        # malformed-batch poison included).
+        tl.static_assert(RAGGED and ROW_BLOCKS == 1 and not WINDOW, "split-KV: ragged, 1 block")
+        split = tl.program_id(2).to(tl.int64)
+        out += split * seq_q * (NUM_HEADS * HEAD_DIM)
+        lse += split * seq_q * NUM_HEADS
 
     # Which sequence and which query tile of it this program owns. Under a causal mask the last
     # tiles of a sequence see the most keys, so slots run backwards: the longest programs start
@@ -233,6 +244,19 @@ def gqa_prefill_fwd(
         kv_lo, kv_band_full = band_start(first_token + causal_shift, tile_last_token + causal_shift,
                                          window_left, kv_full_end, BLOCK_N)  # fmt: skip
 
+    if KV_SPLITS > 1:
+        # The split's keys [split_lo, split_hi): an equal share of the tile's key tiles
+        # [0, kv_end), then each loop's range clipped to it (starts stay tile-aligned).
+        per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), KV_SPLITS) * BLOCK_N
+        split_lo = tl.program_id(2) * per_split
+        split_hi = tl.minimum(split_lo + per_split, kv_end)
+        kv_band_full = tl.maximum(kv_band_full, split_lo)
+        kv_full_end = tl.maximum(tl.minimum(kv_full_end, split_hi), kv_band_full)
+        kv_end = tl.minimum(kv_end, split_hi)
+        kv_diag_lo = tl.maximum(kv_full_end, split_lo)
+    else:
+        kv_diag_lo = kv_full_end
+
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -309,7 +333,7 @@ def gqa_prefill_fwd(
             CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = attend_kv_tiles(
-            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_full_end, kv_end, kv_len,
+            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_diag_lo, kv_end, kv_len,
             causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
             HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
             PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,

@@ -44,6 +44,7 @@ from .arguments import (
     token_stride,
 )
 from .attention_kernel import gqa_prefill_fwd
+from .split_kv import merge_kv_splits
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS
@@ -90,9 +91,61 @@ def _launch(grid, meta, runners, args) -> None:
     constexprs = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
     compiled = gqa_prefill_fwd[grid](**dict(zip(_RUNTIME_ARGS, args)), **constexprs)
     if not INTERPRET:
-        launch = compiled[(grid[0], grid[1], 1)]
+        launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
         values = [constexprs[name] for name in _CONSTEXPRS]
         runners[device] = lambda *run_args: launch(*run_args, *values)
+
+
+# Split-KV (split_kv.py): at most this many key shares per tile, each at least this many key
+# tiles long (the interpreter's test sequences are short: 2 tiles).
+MAX_KV_SPLITS = 16
+MIN_TILES_PER_SPLIT = 2 if INTERPRET else 8
+MERGE_ROWS = 16  # rows (token x head) a merge program takes
+
+
+def _kv_splits(tokens_per_seq: float, batch: int, kv_tokens: int, block_n: int, num_sms: int,
+               min_tiles: int = MIN_TILES_PER_SPLIT) -> int:  # fmt: skip
+    """Key shares per tile for a decode-like batch (at most 4 query tokens a sequence: one tile
+    a sequence and KV head), 1 otherwise. Enough shares that the tiles' programs fill the GPU
+    (decode tiles run 4 CTAs an SM: registers, TUNING.md), but none shorter than min_tiles
+    key tiles for the average sequence. From shapes alone: kv_tokens is
+    total_kv (paged: pages x page size, an upper bound)."""
+    if tokens_per_seq > 4 or batch < 1:
+        return 1
+    programs = batch * NUM_KV_HEADS
+    by_occupancy = 4 * num_sms // programs
+    by_length = int(kv_tokens / batch) // (min_tiles * block_n)
+    return max(1, min(by_occupancy, by_length, MAX_KV_SPLITS))
+
+
+def _split_grid(meta: dict, grid: tuple) -> tuple:
+    """The plan's grid with the key shares as its third axis (1: no split)."""
+    return (*grid, meta["KV_SPLITS"]) if meta["KV_SPLITS"] > 1 else grid
+
+
+def _launch_split(grid, meta, runners, args, out, lse) -> None:
+    """The attention kernel over KV_SPLITS key shares into fp32 workspaces (args' out and lse
+    are replaced), then merge_kv_splits into out and lse. Workspaces are allocated per call
+    (torch's caching allocator: a few us), never kept in the plan, which two streams share."""
+    splits = meta["KV_SPLITS"]
+    part_out = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+    part_lse = torch.empty((splits, *lse.shape), dtype=torch.float32, device=lse.device)
+    _launch(grid, meta, runners, (*args[:3], part_out, part_lse, *args[5:]))
+    rows = out.shape[0] * NUM_HEADS
+    merge_args = (part_out, part_lse, out, lse, rows)
+    key = ("merge", out.get_device())
+    runner = None if INTERPRET else runners.get(key)
+    if runner is not None:
+        runner(*merge_args)
+        return
+    merge_meta = dict(HEAD_DIM=HEAD_DIM, KV_SPLITS=splits, BLOCK_ROWS=MERGE_ROWS,
+                      INTERPRETED=INTERPRET)  # fmt: skip
+    merge_grid = (triton.cdiv(rows, MERGE_ROWS),)
+    compiled = merge_kv_splits[merge_grid](*merge_args, **merge_meta)
+    if not INTERPRET:
+        launch = compiled[(merge_grid[0], 1, 1)]
+        values = list(merge_meta.values())
+        runners[key] = lambda *run_args: launch(*run_args, *values)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,7 +203,8 @@ def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     )
     meta.setdefault("ROW_BLOCKS", 1)
     grid = (batch * triton.cdiv(seq_q, _tokens_per_tile(meta)), NUM_HEADS // meta["HEADS_PER_TILE"])
-    meta.update(CAUSAL=causal, WINDOW=False, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET)
+    meta.update(CAUSAL=causal, WINDOW=False, RAGGED=False, WRITE_LSE=False, INTERPRETED=INTERPRET,
+                KV_SPLITS=1)  # fmt: skip
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     return grid, meta, batch, seq_q, seq_kv, {}
 
@@ -176,7 +230,9 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=window, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
-    return grid, meta, batch, total_q, total_kv, {}
+    meta.setdefault("KV_SPLITS", 1 if window or meta["ROW_BLOCKS"] > 1 else _kv_splits(
+        tokens_per_seq, batch, total_kv, meta["BLOCK_N"], _sm_count(q.device)))  # fmt: skip
+    return _split_grid(meta, grid), meta, batch, total_q, total_kv, {}
 
 
 def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
@@ -208,7 +264,10 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
                 V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,
                 K_PAGE_STRIDE=k_cache.stride(0), V_PAGE_STRIDE=v_cache.stride(0))  # fmt: skip
-    return grid, meta, batch, total_q, num_kv_indices, num_pages, {}
+    meta.setdefault("KV_SPLITS", 1 if meta["ROW_BLOCKS"] > 1 else _kv_splits(
+        tokens_per_seq, batch, num_kv_indices * page_size, meta["BLOCK_N"],
+        _sm_count(q.device)))  # fmt: skip
+    return _split_grid(meta, grid), meta, batch, total_q, num_kv_indices, num_pages, {}
 
 
 def _paged_arguments(page_size, tensors) -> tuple:
@@ -323,7 +382,10 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, wi
         return  # no query row: nothing to write
     args = (q, k, v, output, lse, qo_indptr, kv_indptr, None, None, batch, total_q, total_kv,
             None, sm_scale * LOG2_E, None, window_left)  # fmt: skip
-    _launch(grid, meta, runners, args)
+    if meta["KV_SPLITS"] > 1:
+        _launch_split(grid, meta, runners, args, output, lse)
+    else:
+        _launch(grid, meta, runners, args)
 
 
 def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -390,4 +452,7 @@ def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv
     args = (q, k_cache, v_cache, output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
             batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, v_scale,
             None)  # fmt: skip
-    _launch(grid, meta, runners, args)
+    if meta["KV_SPLITS"] > 1:
+        _launch_split(grid, meta, runners, args, output, lse)
+    else:
+        _launch(grid, meta, runners, args)

@@ -62,7 +62,6 @@ _fp8_plans = PlanCache()  # page size 64, FP8 caches: a definition of its own, c
 # positionally. launch_* pass the run-time ones in _RUNTIME_ARGS order (a tuple costs the host
 # less than keywords, ~0.7 us a call), checked here against the signature.
 _PARAMETERS = inspect.signature(gqa_prefill_fwd.fn).parameters.values()
-_CONSTEXPRS = tuple(p.name for p in _PARAMETERS if p.annotation is tl.constexpr)
 _RUNTIME_ARGS = ("q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr", "kv_indices",
                  "kv_last_page_len", "num_seqs", "seq_q", "seq_kv", "num_pages", "qk_scale",
                  "v_scale", "window_left")  # fmt: skip
@@ -73,27 +72,38 @@ if _RUNTIME_ARGS != tuple(p.name for p in _PARAMETERS if p.annotation is not tl.
 
 
 def _launch(grid, meta, runners, args) -> None:
-    """gqa_prefill_fwd[grid](*args, **meta), in a fraction of the host time once warm.
+    """gqa_prefill_fwd[grid](*args, **meta), through _cached_launch."""
+    constexprs = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
+    _cached_launch(gqa_prefill_fwd, grid, constexprs, runners, args[0].get_device(), args)
+
+
+def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
+    """kernel[grid](*args, **constexprs), in a fraction of the host time once warm.
 
     The JIT binds and specializes every argument on every call (22-31 us of host time a call on
     the H100 machine, more than a short prompt's kernel), so the compiled kernel it returns is
-    kept in the plan's `runners`, per device, and launched directly while the pointers keep the
-    16-byte alignment it was specialized on (every call's pointers have it: check_placement).
-    The plan fixes everything else the compiled kernel depends on (dtypes, which arguments are
-    None, the constexprs; the integers are not specialized). The interpreter takes the JIT
-    path."""
+    kept in the plan's `runners` under `key` (per device and kernel), and launched directly
+    while the pointers keep the 16-byte alignment it was specialized on (every call's pointers
+    have it: check_placement). The plan fixes everything else the compiled kernel depends on
+    (dtypes, which arguments are None, the constexprs; the integers are not specialized). The
+    interpreter takes the JIT path."""
     if not INTERPRET:
-        device = args[0].get_device()
-        runner = runners.get(device)
+        runner = runners.get(key)
         if runner is not None:
             runner(*args)
             return
-    constexprs = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
-    compiled = gqa_prefill_fwd[grid](**dict(zip(_RUNTIME_ARGS, args)), **constexprs)
+    compiled = kernel[grid](*args, **constexprs)
     if not INTERPRET:
         launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        values = [constexprs[name] for name in _CONSTEXPRS]
-        runners[device] = lambda *run_args: launch(*run_args, *values)
+        values = [constexprs[name] for name in _constexpr_names(kernel)]
+        runners[key] = lambda *run_args: launch(*run_args, *values)
+
+
+@functools.lru_cache(maxsize=None)
+def _constexpr_names(kernel) -> tuple:
+    """A kernel's constexpr parameters in signature order: a compiled kernel takes them last."""
+    parameters = inspect.signature(kernel.fn).parameters.values()
+    return tuple(p.name for p in parameters if p.annotation is tl.constexpr)
 
 
 # Split-KV (split_kv.py): at most this many key shares per tile, each at least this many key
@@ -132,20 +142,10 @@ def _launch_split(grid, meta, runners, args, out, lse) -> None:
     part_lse = torch.empty((splits, *lse.shape), dtype=torch.float32, device=lse.device)
     _launch(grid, meta, runners, (*args[:3], part_out, part_lse, *args[5:]))
     rows = out.shape[0] * NUM_HEADS
-    merge_args = (part_out, part_lse, out, lse, rows)
-    key = ("merge", out.get_device())
-    runner = None if INTERPRET else runners.get(key)
-    if runner is not None:
-        runner(*merge_args)
-        return
     merge_meta = dict(HEAD_DIM=HEAD_DIM, KV_SPLITS=splits, BLOCK_ROWS=MERGE_ROWS,
                       INTERPRETED=INTERPRET)  # fmt: skip
-    merge_grid = (triton.cdiv(rows, MERGE_ROWS),)
-    compiled = merge_kv_splits[merge_grid](*merge_args, **merge_meta)
-    if not INTERPRET:
-        launch = compiled[(merge_grid[0], 1, 1)]
-        values = list(merge_meta.values())
-        runners[key] = lambda *run_args: launch(*run_args, *values)
+    _cached_launch(merge_kv_splits, (triton.cdiv(rows, MERGE_ROWS),), merge_meta, runners,
+                   ("merge", out.get_device()), (part_out, part_lse, out, lse, rows))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)

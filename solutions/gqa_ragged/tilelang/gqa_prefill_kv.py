@@ -361,8 +361,10 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         """scratch[0][0] = the page id of this thread's held row of tile k; a key on a bad page
         marks the item. The loads are one coalesced read of the tile's kv_indices."""
         key = k * block_N + held_row(T.get_thread_binding())
-        scratch[0][0] = row_page(kv, kv_start, key)
-        if (key < seq_kv) & ~in_cache(kv, scratch[0][0]):
+        page = row_page(kv, kv_start, key)
+        # -1: nothing to read (past the keys, or a bad id): the passes test the sign only.
+        scratch[0][0] = T.if_then_else((key < seq_kv) & in_cache(kv, page), page, -1)
+        if (key < seq_kv) & ~in_cache(kv, page):
             MarkBad(scratch, item, True)
 
     @T.macro
@@ -370,6 +372,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         """Tile k's keys into shared[stage] by the producer warpgroup, the page ids shuffled from
         HoldPageIds' (held): the copies are in flight when it returns."""
         lane = T.get_thread_binding() % 32
+        row = T.alloc_local([1], T.int32)
         rows = rows_per_pass(loader_threads)
         chunks = HEAD_DIM // VECTOR  # threads a row
         # Pinned: left to layout inference, a loop that reads `page` gets a thread a column.
@@ -380,9 +383,13 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         )
         for i in T.unroll(block_N // rows, annotations=UNROLLED_BY_4):
             page = T.shfl_sync(held[0], 2 * i + lane // 16)
+            # Clamped in 32 bits, before the 64-bit offset (inside the index, TileLang widened
+            # page first: 64-bit compares and selects, ~18 of a pass's ~28 instructions).
+            row[0] = T.min(T.max(page, 0), num_pages - 1)
             for r, c in T.Parallel(rows, HEAD_DIM, loop_layout=layout, annotations=ASYNC_COPY):
-                key = k * block_N + i * rows + r
-                shared[stage, i * rows + r, c] = gathered(cache, kv, key, seq_kv, page, kv_head, c)
+                shared[stage, i * rows + r, c] = T.if_then_else(
+                    page >= 0, cache[row[0], 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
+                )  # fmt: skip
 
     # Both page sizes ------------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ SMS = 132  # an H100's
 @pytest.mark.parametrize(
     "tokens_per_seq,batch,kv_tokens,expected",
     [
-        (1.0, 16, 136_546 * 1, 4),  # single_token_rows_16 (ps1): 128 tiles, 4 CTAs an SM
-        (1.0, 16, 2134 * 64, 4),  # the same rows over pages of 64
+        (1.0, 16, 136_546 * 1, 16),  # single_token_rows_16 (ps1): 128 tiles, 4 waves
+        (1.0, 16, 2134 * 64, 16),  # the same rows over pages of 64
         (1.0, 1, 8192, 16),  # one row over 8K keys: capped
-        (1.0, 64, 64 * 4096, 1),  # 512 tiles fill the GPU already
+        (1.0, 64, 64 * 4096, 4),  # 512 tiles fill one wave already: 4 waves
+        (1.0, 256, 256 * 4096, 1),  # 2048 tiles: 4 waves unsplit
         (1.0, 4, 4 * 600, 1),  # short contexts: shares under 8 tiles of 64
         (5.0, 16, 16 * 8192, 1),  # more than 4 tokens a sequence: prefill tiles
     ],

@@ -111,19 +111,21 @@ def _constexpr_names(kernel) -> tuple:
 MAX_KV_SPLITS = 16
 MIN_TILES_PER_SPLIT = 2 if INTERPRET else 8
 MERGE_ROWS = 16  # rows (token x head) a merge program takes
+WAVES = 4  # of decode programs at 4 CTAs an SM (FP8 single-token rows: 1 wave 206 us, 4 169)
 
 
 def _kv_splits(tokens_per_seq: float, batch: int, kv_tokens: int, block_n: int, num_sms: int,
                min_tiles: int = MIN_TILES_PER_SPLIT) -> int:  # fmt: skip
     """Key shares per tile for a decode-like batch (at most 4 query tokens a sequence: one tile
-    a sequence and KV head), 1 otherwise. Enough shares that the tiles' programs fill the GPU
-    (decode tiles run 4 CTAs an SM: registers, TUNING.md), but none shorter than min_tiles
-    key tiles for the average sequence. From shapes alone: kv_tokens is
-    total_kv (paged: pages x page size, an upper bound)."""
+    a sequence and KV head), 1 otherwise. Enough shares for four waves of the decode tiles'
+    programs (4 CTAs an SM by registers; waves of short shares even out the sequences'
+    unequal lengths: measured, TUNING.md), but none shorter than min_tiles key tiles for the
+    average sequence. From shapes alone: kv_tokens is total_kv (paged: pages x page size, an
+    upper bound)."""
     if tokens_per_seq > 4 or batch < 1:
         return 1
     programs = batch * NUM_KV_HEADS
-    by_occupancy = 4 * num_sms // programs
+    by_occupancy = WAVES * 4 * num_sms // programs
     by_length = int(kv_tokens / batch) // (min_tiles * block_n)
     return max(1, min(by_occupancy, by_length, MAX_KV_SPLITS))
 

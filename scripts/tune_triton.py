@@ -1,10 +1,12 @@
 """On the GPU: time Triton launch configs against FlashInfer (kernel time, same call) on the big
 padded shapes, and the host overhead of both entry points on the small ones; with --mid, the
 plans' three tile layouts on mid-size workloads instead (what _launch_config's thresholds rest
-on). Interleaves the variants (A B A B) because the card heats up within a call. Writes nothing;
+on); with --paged, the same layouts on the paged workloads with few long sequences (chunked
+prefill: one 2K chunk over 8K-32K keys) and their neighbours, at page sizes 1 and 64, against
+FlashInfer's paged wrapper, and on the same keys contiguous (ragged). Interleaves the variants (A B A B) because the card heats up within a call. Writes nothing;
 prints tables.
 
-    python scripts/tune_triton.py [--mid]
+    python scripts/tune_triton.py [--mid | --paged]
 """
 
 import argparse
@@ -19,12 +21,13 @@ import triton.testing
 from prefill_bundle.gpu_timing import clocks, host_us
 from prefill_bundle.testing import (
     PaddedCase,
+    PagedCase,
     RaggedCase,
     build_solution,
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES
+from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES
 
 # What was measured with it, kept or not: solutions/gqa_ragged/triton/TUNING.md.
 # CONFIGS[1] is what the plans pick for the big shapes.
@@ -51,6 +54,16 @@ MID_RAGGED = (
 MID = [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES if b.name in MID_RAGGED]
 MID += [PaddedCase(4, 512, 512, True), PaddedCase(4, 512, 512, False),
         PaddedCase(2, 2048, 2048, True), PaddedCase(4, 4096, 4096, True)]  # fmt: skip
+# --paged: one or four 2K chunks over long contexts, and a prefix-cache batch for contrast.
+LONG_KEYS = ("chunked_prefill_2k_over_8k", "chunked_prefill_2k_over_32k",
+             "chunked_prefill_4x2k_over_16k", "prefix_cache_hits_8x256")  # fmt: skip
+PAGED = [
+    case
+    for b in PAGED_BATCHES
+    if b.name in LONG_KEYS
+    for case in [PagedCase(b.q_lens, b.kv_lens, ps, shared_prefix=b.shared_prefix) for ps in (1, 64)]
+    + [RaggedCase(b.q_lens, b.kv_lens)]
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,6 +77,12 @@ def module_of(runnable):
 
 def launch_variant(case, meta, inputs, outputs):
     """The Triton kernel with launch config meta, bypassing the plan's own choice."""
+    if isinstance(case, PagedCase):
+        mod = module_of(solution(f"triton_paged_ps{case.page_size}"))
+        tables = inputs[3:-1] if case.page_size > 1 else [*inputs[3:6], None]
+        tensors = (*inputs[:3], *tables)
+        plan = mod._plan_paged(case.page_size, (*tensors, *outputs), config=meta)
+        return lambda: mod.launch_paged(plan, *tensors, inputs[-1], *outputs)
     if isinstance(case, RaggedCase):
         mod = module_of(solution("triton_ragged"))
         q, k, v, qo_indptr, kv_indptr, _ = inputs
@@ -78,7 +97,10 @@ def time_configs(cases, configs) -> list:
     """(case id, variant, ms, FlashInfer ms / ms) for FlashInfer and each config that runs right."""
     results = []
     for case in cases:
-        fi = solution("flashinfer_ragged" if isinstance(case, RaggedCase) else "flashinfer_mini")
+        if isinstance(case, PagedCase):
+            fi = solution(f"flashinfer_paged_ps{case.page_size}")
+        else:
+            fi = solution("flashinfer_ragged" if isinstance(case, RaggedCase) else "flashinfer_mini")
         inputs = make_inputs(case, "cuda", seed=0)
         expected = poisoned_outputs(case, inputs)
         fi(*inputs, *expected)
@@ -108,14 +130,16 @@ def time_configs(cases, configs) -> list:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mid", action="store_true", help="the plans' layouts on mid-size shapes")
+    layouts = parser.add_mutually_exclusive_group()
+    layouts.add_argument("--mid", action="store_true", help="the plans' layouts, mid-size shapes")
+    layouts.add_argument("--paged", action="store_true", help="the plans' layouts, long keys")
     args = parser.parse_args()
-    configs = PLAN_CONFIGS if args.mid else CONFIGS
+    configs = PLAN_CONFIGS if args.mid or args.paged else CONFIGS
     print("gpu at start:", clocks())
-    results = time_configs(MID if args.mid else BIG, configs)
+    results = time_configs(MID if args.mid else PAGED if args.paged else BIG, configs)
     print("gpu after timing:", clocks())
     overhead = []
-    if not args.mid:
+    if not (args.mid or args.paged):
         tri, fi = solution("triton_mini"), solution("flashinfer_mini")
         for case in SMALL:
             inputs = make_inputs(case, "cuda", seed=0)

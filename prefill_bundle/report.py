@@ -28,6 +28,22 @@ def visible_pairs(seq_q: int, seq_kv: int, causal: bool, window_left: int = -1) 
     return int((last.clamp(max=seq_kv - 1) - first + 1).clamp_min(0).sum())
 
 
+def tiled_pairs(seq_q: int, seq_kv: int, tile_tokens: int, tile_keys: int,
+                window_left: int = -1) -> int:
+    """(query, key) pairs a causal kernel computes for one sequence when it cuts the queries into
+    tiles of tile_tokens from the sequence's start and visits every key tile (tile_keys wide,
+    aligned to 0) that holds a key some row of the query tile sees: visible_pairs plus what the
+    masks throw away. Their ratio bounds a tiled kernel's TF/s counted over visible pairs."""
+    pairs = 0
+    shift = seq_kv - seq_q  # bottom-right: query i sits at position i + shift
+    for first in range(0, seq_q, tile_tokens):
+        last_key = min(first + tile_tokens - 1 + shift, seq_kv - 1)
+        first_key = max(first + shift - window_left, 0) if window_left >= 0 else 0
+        if last_key >= first_key:
+            pairs += tile_tokens * (last_key // tile_keys - first_key // tile_keys + 1) * tile_keys
+    return pairs
+
+
 def workload_flops(workload, page_size: int = 0) -> float:
     """4 * heads * head_dim flops per visible pair: Q K^T and P V, a multiply-add each.
     page_size: the paged definitions' (their kv_indptr counts pages)."""

@@ -2,9 +2,9 @@
 padded shapes, and the host overhead of both entry points on the small ones; with --mid, the
 plans' three tile layouts on mid-size workloads instead (what _launch_config's thresholds rest
 on); with --paged, the same layouts on the paged workloads with few long sequences (chunked
-prefill: one 2K chunk over 8K-32K keys) and their neighbours, at page sizes 1 and 64, against
-FlashInfer's paged wrapper, and on the same keys contiguous (ragged). Interleaves the variants (A B A B) because the card heats up within a call. Writes nothing;
-prints tables.
+prefill: one 2K chunk over 8K-32K keys) and neighbours, at page sizes 1 and 64, against
+FlashInfer's paged wrapper, and on the same keys contiguous (ragged). Interleaves the variants
+(A B A B) because the card heats up within a call. Writes nothing; prints tables.
 
     python scripts/tune_triton.py [--mid | --paged]
 """
@@ -61,8 +61,8 @@ PAGED = [
     case
     for b in PAGED_BATCHES
     if b.name in LONG_KEYS
-    for case in [PagedCase(b.q_lens, b.kv_lens, ps, shared_prefix=b.shared_prefix) for ps in (1, 64)]
-    + [RaggedCase(b.q_lens, b.kv_lens)]
+    for case in [PagedCase(b.q_lens, b.kv_lens, ps, shared_prefix=b.shared_prefix)
+                 for ps in (1, 64)] + [RaggedCase(b.q_lens, b.kv_lens)]  # fmt: skip
 ]
 
 
@@ -99,8 +99,10 @@ def time_configs(cases, configs) -> list:
     for case in cases:
         if isinstance(case, PagedCase):
             fi = solution(f"flashinfer_paged_ps{case.page_size}")
+        elif isinstance(case, RaggedCase):
+            fi = solution("flashinfer_ragged")
         else:
-            fi = solution("flashinfer_ragged" if isinstance(case, RaggedCase) else "flashinfer_mini")
+            fi = solution("flashinfer_mini")
         inputs = make_inputs(case, "cuda", seed=0)
         expected = poisoned_outputs(case, inputs)
         fi(*inputs, *expected)

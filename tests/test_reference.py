@@ -322,3 +322,28 @@ def test_fp8_reference_rejects_bad_scales_and_caches(position, bad, argument):
     inputs[position] = bad
     with pytest.raises(ValueError, match=rf"^{argument}: expected"):
         reference(PAGED_FP8)(*inputs)
+
+
+@pytest.mark.parametrize(
+    "seq_q, seq_kv, window_left",
+    [(100, 100, -1), (100, 100, 0), (37, 300, 5), (300, 40, -1), (64, 64, 64), (70, 200, 130)],
+)
+@pytest.mark.parametrize("tile_tokens, tile_keys", [(32, 128), (64, 64), (16, 64)])
+def test_tiled_pairs_counts_the_key_tiles_a_mask_touches(seq_q, seq_kv, window_left, tile_tokens,
+                                                         tile_keys):  # fmt: skip
+    """tiled_pairs against the mask itself: every (query tile, key tile) with a visible pair."""
+    from prefill_bundle.report import tiled_pairs, visible_pairs
+
+    position = torch.arange(seq_q)[:, None] + seq_kv - seq_q
+    key = torch.arange(seq_kv)[None, :]
+    mask = key <= position
+    if window_left >= 0:
+        mask &= key >= position - window_left
+    expected = 0
+    for first in range(0, seq_q, tile_tokens):
+        for k0 in range(0, seq_kv, tile_keys):
+            if mask[first : first + tile_tokens, k0 : k0 + tile_keys].any():
+                expected += tile_tokens * tile_keys
+    got = tiled_pairs(seq_q, seq_kv, tile_tokens, tile_keys, window_left)
+    assert got == expected
+    assert int(mask.sum()) == visible_pairs(seq_q, seq_kv, True, window_left) <= got

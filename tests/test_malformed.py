@@ -77,15 +77,20 @@ def test_well_formed_sequences_rule():
     assert well_formed_sequences((0, 30, 70, 100), (-1, 40, 80, 120), 100, 120) == [1, 2]
 
 
+# Under the interpreter (CI's time budget) the ragged entry takes the odd batches and the window
+# entry (the same kernel, WINDOW_BATCHES below) the even ones: every fault runs once on CPU; on a
+# GPU all of them through both entries.
+RAGGED_BATCHES = MALFORMED_BATCHES if HAS_CUDA else MALFORMED_BATCHES[1::2]
+
+
 @pytest.mark.parametrize("solution", solutions())
-@pytest.mark.parametrize("batch", MALFORMED_BATCHES, ids=lambda b: b.id)
+@pytest.mark.parametrize("batch", RAGGED_BATCHES, ids=lambda b: b.id)
 def test_malformed_batch(solution, batch):
     inputs = malformed_inputs(batch, DEVICE, seed=3)
     expected = malformed_expected(batch, inputs)
     check_malformed_outputs(run_guarded(solution, inputs), expected)
 
 
-# Under the interpreter every other batch (CI's time budget); on a GPU all of them.
 WINDOW_BATCHES = MALFORMED_SWA_BATCHES if HAS_CUDA else MALFORMED_SWA_BATCHES[::2]
 
 

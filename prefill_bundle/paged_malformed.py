@@ -85,8 +85,10 @@ def _batches(page_size: int, fp8: bool = False) -> list:
         batch("qo_end_far_past_total", qo_indptr=(0, 20, 50, INT32_MAX)),
         batch("all_garbage", qo_indptr=(7, -3, 1 << 30, 5), kv_indptr=(99, 7, -8, INT32_MAX)),
     ]
-    # Decode-like rows (one query token a sequence): the Triton kernels split each sequence's
-    # keys over several programs there (split_kv.py), each writing the poison of its share.
+    # Decode-like rows (one query token a sequence): under the interpreter the Triton kernels
+    # split each sequence's keys over several programs here (split_kv.py), each writing the
+    # poison of its share. On the GPU these contexts are too short to split (shares of >= 8
+    # tiles of 64 keys): the split kernels' bounds there are not shown by these batches.
     decode = (0, 1, 2, 3)
     swapped = (0, starts[2], starts[1], starts[3])  # sequence 1 of negative length
     batches += [

@@ -33,12 +33,18 @@ BAR_VS_FLASHINFER = {"cuda": 1.0, "tilelang": 1.0, "triton": 0.8}
 TILES = {"cuda": (32, 128), "tilelang": (32, 128), "triton": (64, 64), "flashinfer": (128, 128)}
 
 
-def tile_bound(batch, backend: str) -> float:
-    """The best band/causal ratio the backend's tiles allow on the batch (see the docstring)."""
-    tokens, keys = TILES[backend]
+def pairs(batch) -> tuple:
+    """The batch's visible pairs under its window and under the causal mask alone."""
     lengths = list(zip(batch.q_lens, batch.kv_lens))
     band = sum(visible_pairs(q, kv, True, batch.window_left) for q, kv in lengths)
-    full = sum(visible_pairs(q, kv, True) for q, kv in lengths)
+    return band, sum(visible_pairs(q, kv, True) for q, kv in lengths)
+
+
+def tile_bound(batch, backend: str, band: int, full: int) -> float:
+    """The best band/causal ratio the backend's tiles allow on the batch (see the docstring);
+    band, full: pairs(batch)."""
+    tokens, keys = TILES[backend]
+    lengths = list(zip(batch.q_lens, batch.kv_lens))
     band_tiled = sum(tiled_pairs(q, kv, tokens, keys, batch.window_left) for q, kv in lengths)
     full_tiled = sum(tiled_pairs(q, kv, tokens, keys) for q, kv in lengths)
     return (band / band_tiled) / (full / full_tiled)
@@ -61,7 +67,8 @@ def main():
     if options.bounds:
         print(f"{'workload':40s} " + " ".join(f"{b:>10s}" for b in options.backends))
         for batch in SWA_BATCHES:
-            bounds = " ".join(f"{tile_bound(batch, b):10.3f}" for b in options.backends)
+            counts = pairs(batch)
+            bounds = " ".join(f"{tile_bound(batch, b, *counts):10.3f}" for b in options.backends)
             print(f"{batch.name:40s} {bounds}")
         return
     print("gpu at start:", clocks())
@@ -70,9 +77,7 @@ def main():
         case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
         windowed = make_inputs(case, "cuda", seed=0)
         causal = windowed[:5] + windowed[6:]  # the same q, k, v without the window
-        lengths = list(zip(batch.q_lens, batch.kv_lens))
-        band = sum(visible_pairs(q, kv, True, batch.window_left) for q, kv in lengths)
-        full = sum(visible_pairs(q, kv, True) for q, kv in lengths)
+        band, full = pairs(batch)
         timed = {}
         for backend in options.backends:
             pair = {}
@@ -90,7 +95,7 @@ def main():
             vs_fi = timed["flashinfer"]["window"] / best["window"] if "flashinfer" in timed else 0
             speeds = tflops(full, best["causal"]), tflops(band, best["window"])
             rows.append((batch.name, backend, best["causal"], best["window"], *speeds,
-                         tile_bound(batch, backend), vs_fi))  # fmt: skip
+                         tile_bound(batch, backend, band, full), vs_fi))  # fmt: skip
     print("gpu at end:", clocks())
     print(f"\n{'workload':40s} {'backend':10s} {'causal ms':>9s} {'window ms':>9s} "
           f"{'causal TF/s':>11s} {'band TF/s':>9s} {'band/causal':>11s} {'tile bound':>10s} "

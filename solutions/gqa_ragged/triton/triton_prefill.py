@@ -72,13 +72,21 @@ if _RUNTIME_ARGS != tuple(p.name for p in _PARAMETERS if p.annotation is not tl.
 
 
 def _launch(grid, meta, runners, args) -> None:
-    """gqa_prefill_fwd[grid](*args, **meta), through _cached_launch."""
-    constexprs = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
-    _cached_launch(gqa_prefill_fwd, grid, constexprs, runners, args[0].get_device(), args)
+    """gqa_prefill_fwd[grid](*args, **meta), through _cached_launch; a split plan (KV_SPLITS >
+    1) through _launch_split."""
+    if meta["KV_SPLITS"] > 1:
+        _launch_split(grid, meta, runners, args)
+        return
+    _cached_launch(gqa_prefill_fwd, grid, lambda: _attention_constexprs(meta), runners,
+                   args[0].get_device(), args)  # fmt: skip
+
+
+def _attention_constexprs(meta: dict) -> dict:
+    return dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
 
 
 def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
-    """kernel[grid](*args, **constexprs), in a fraction of the host time once warm.
+    """kernel[grid](*args, **constexprs()), in a fraction of the host time once warm.
 
     The JIT binds and specializes every argument on every call (22-31 us of host time a call on
     the H100 machine, more than a short prompt's kernel), so the compiled kernel it returns is
@@ -86,16 +94,17 @@ def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
     while the pointers keep the 16-byte alignment it was specialized on (every call's pointers
     have it: check_placement). The plan fixes everything else the compiled kernel depends on
     (dtypes, which arguments are None, the constexprs; the integers are not specialized). The
-    interpreter takes the JIT path."""
+    interpreter takes the JIT path. constexprs: a function, called only when compiling."""
     if not INTERPRET:
         runner = runners.get(key)
         if runner is not None:
             runner(*args)
             return
-    compiled = kernel[grid](*args, **constexprs)
+    values = constexprs()
+    compiled = kernel[grid](*args, **values)
     if not INTERPRET:
         launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        values = [constexprs[name] for name in _constexpr_names(kernel)]
+        values = [values[name] for name in _constexpr_names(kernel)]
         runners[key] = lambda *run_args: launch(*run_args, *values)
 
 
@@ -135,19 +144,29 @@ def _split_grid(meta: dict, grid: tuple) -> tuple:
     return (*grid, meta["KV_SPLITS"]) if meta["KV_SPLITS"] > 1 else grid
 
 
-def _launch_split(grid, meta, runners, args, out, lse) -> None:
+def _plan_splits(meta: dict, tokens_per_seq: float, batch: int, kv_tokens: int, device) -> int:
+    """The plan's KV_SPLITS (a config's own, else _kv_splits; paired row blocks never split)."""
+    if "KV_SPLITS" in meta or meta["ROW_BLOCKS"] > 1:
+        return meta.get("KV_SPLITS", 1)
+    return _kv_splits(tokens_per_seq, batch, kv_tokens, meta["BLOCK_N"], _sm_count(device))
+
+
+def _launch_split(grid, meta, runners, args) -> None:
     """The attention kernel over KV_SPLITS key shares into fp32 workspaces (args' out and lse
     are replaced), then merge_kv_splits into out and lse. Workspaces are allocated per call
     (torch's caching allocator: a few us), never kept in the plan, which two streams share."""
+    out, lse = args[3], args[4]
     splits = meta["KV_SPLITS"]
     part_out = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
     part_lse = torch.empty((splits, *lse.shape), dtype=torch.float32, device=lse.device)
-    _launch(grid, meta, runners, (*args[:3], part_out, part_lse, *args[5:]))
+    device = out.get_device()
+    _cached_launch(gqa_prefill_fwd, grid, lambda: _attention_constexprs(meta), runners, device,
+                   (*args[:3], part_out, part_lse, *args[5:]))  # fmt: skip
     rows = out.shape[0] * NUM_HEADS
-    merge_meta = dict(HEAD_DIM=HEAD_DIM, KV_SPLITS=splits, BLOCK_ROWS=MERGE_ROWS,
-                      INTERPRETED=INTERPRET)  # fmt: skip
-    _cached_launch(merge_kv_splits, (triton.cdiv(rows, MERGE_ROWS),), merge_meta, runners,
-                   ("merge", out.get_device()), (part_out, part_lse, out, lse, rows))  # fmt: skip
+    merge_constexprs = lambda: dict(HEAD_DIM=HEAD_DIM, KV_SPLITS=splits,  # noqa: E731
+                                    BLOCK_ROWS=MERGE_ROWS, INTERPRETED=INTERPRET)  # fmt: skip
+    _cached_launch(merge_kv_splits, (triton.cdiv(rows, MERGE_ROWS),), merge_constexprs, runners,
+                   ("merge", device), (part_out, part_lse, out, lse, rows))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)
@@ -232,8 +251,8 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=window, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
-    meta.setdefault("KV_SPLITS", 1 if window or meta["ROW_BLOCKS"] > 1 else _kv_splits(
-        tokens_per_seq, batch, total_kv, meta["BLOCK_N"], _sm_count(q.device)))  # fmt: skip
+    meta["KV_SPLITS"] = 1 if window else _plan_splits(meta, tokens_per_seq, batch, total_kv,
+                                                      q.device)  # fmt: skip
     return _split_grid(meta, grid), meta, batch, total_q, total_kv, {}
 
 
@@ -266,9 +285,8 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
                 V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,
                 K_PAGE_STRIDE=k_cache.stride(0), V_PAGE_STRIDE=v_cache.stride(0))  # fmt: skip
-    meta.setdefault("KV_SPLITS", 1 if meta["ROW_BLOCKS"] > 1 else _kv_splits(
-        tokens_per_seq, batch, num_kv_indices * page_size, meta["BLOCK_N"],
-        _sm_count(q.device)))  # fmt: skip
+    meta["KV_SPLITS"] = _plan_splits(meta, tokens_per_seq, batch, num_kv_indices * page_size,
+                                     q.device)  # fmt: skip
     return _split_grid(meta, grid), meta, batch, total_q, num_kv_indices, num_pages, {}
 
 
@@ -384,10 +402,7 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, wi
         return  # no query row: nothing to write
     args = (q, k, v, output, lse, qo_indptr, kv_indptr, None, None, batch, total_q, total_kv,
             None, sm_scale * LOG2_E, None, window_left)  # fmt: skip
-    if meta["KV_SPLITS"] > 1:
-        _launch_split(grid, meta, runners, args, output, lse)
-    else:
-        _launch(grid, meta, runners, args)
+    _launch(grid, meta, runners, args)
 
 
 def run_paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -454,7 +469,4 @@ def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv
     args = (q, k_cache, v_cache, output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
             batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, v_scale,
             None)  # fmt: skip
-    if meta["KV_SPLITS"] > 1:
-        _launch_split(grid, meta, runners, args, output, lse)
-    else:
-        _launch(grid, meta, runners, args)
+    _launch(grid, meta, runners, args)

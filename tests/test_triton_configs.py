@@ -71,3 +71,23 @@ def test_plans_pair_row_blocks_on_big_shapes(monkeypatch, batch, seq, causal, pa
     meta = module._launch_config(seq, lambda t: batch * -(-seq // t), 132, causal)
     assert (meta["ROW_BLOCKS"] == 2) == paired, meta
     assert module._tokens_per_tile(meta) <= max(seq, 16), meta
+
+
+@pytest.mark.parametrize(
+    "tokens, keys, batch, paired",
+    [
+        (2048, 8131, 1, True),  # chunked_prefill_2k_over_8k: 33 paired slots, 2 waves
+        (2048, 32611, 1, True),  # chunked_prefill_2k_over_32k
+        (2048, 2048, 1, False),  # the same chunk without a long context: 64-row tiles
+        (1000, 16384, 1, False),  # 16 paired slots: under one wave
+        (384, 1664, 2, False),  # chunked_prefill_with_prefix: short contexts
+    ],
+)  # fmt: skip
+def test_plans_pair_row_blocks_over_long_keys(monkeypatch, tokens, keys, batch, paired):
+    """Below four waves of 32-token tiles, paired row blocks only where every tile reads a long
+    context and paired tiles fill the GPU at least once (ragged slots: total_q // T + batch)."""
+    module = triton_module("triton_ragged")
+    monkeypatch.setattr(module, "INTERPRET", False)
+    meta = module._launch_config(tokens, lambda t: batch * tokens // t + batch, 132, True,
+                                 keys_per_seq=keys)  # fmt: skip
+    assert (meta["ROW_BLOCKS"] == 2) == paired, meta

@@ -120,6 +120,7 @@ def _constexpr_names(kernel) -> tuple:
 MAX_KV_SPLITS = 16
 MIN_TILES_PER_SPLIT = 2 if INTERPRET else 8
 MERGE_ROWS = 16  # rows (token x head) a merge program takes
+LONG_KEYS = 4096  # keys a sequence from which paired tiles pay at fewer waves (_launch_config)
 WAVES = 4  # of decode programs at 4 CTAs an SM (FP8 single-token rows: 1 wave 206 us, 4 169)
 
 
@@ -176,15 +177,20 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _launch_config(tokens_per_seq: float, slots, num_sms: int, causal: bool) -> dict:
-    """Block sizes from the shape alone; slots(T) is the grid's first axis at T tokens per tile.
+def _launch_config(tokens_per_seq: float, slots, num_sms: int, causal: bool,
+                   keys_per_seq: float = 0.0) -> dict:  # fmt: skip
+    """Block sizes from the shape alone; slots(T) is the grid's first axis at T tokens per tile,
+    keys_per_seq the average keys of a sequence (paged: an upper bound).
 
     The four query heads of a KV group always share a tile (HEADS_PER_TILE = 4): K/V tiles are
     loaded once for the group, a short sequence still fills a tl.dot's rows, and the causal
     diagonal of a 128-row block spans 32 tokens instead of 128. Two paired 128-row blocks per
     tile (ROW_BLOCKS = 2) overlap softmax with the tensor cores; below about four waves of
-    32-token tiles, 64-row tiles win; BLOCK_N = 128 spills. The measurements behind each
-    threshold: TUNING.md.
+    32-token tiles, 64-row tiles win, unless every query tile reads many keys (a chunk over a
+    long context: at least LONG_KEYS a sequence) and paired tiles still fill the GPU once: then
+    a 64-row tile loads (or gathers) each key for 4x fewer rows than a paired one, and that
+    cost outweighs the balance of more waves. BLOCK_N = 128 spills. The measurements behind
+    each threshold: TUNING.md.
     """
     if INTERPRET:
         # The interpreter pays per program and per op, not per element; small tiles still make
@@ -204,7 +210,11 @@ def _launch_config(tokens_per_seq: float, slots, num_sms: int, causal: bool) -> 
 
     if not causal:
         return small_tiles if tokens_per_seq <= 64 or waves(64) < 1 else paired
-    return small_tiles if tokens_per_seq <= 128 or waves(32) < 4 else paired
+    if tokens_per_seq <= 128:
+        return small_tiles
+    if waves(32) >= 4 or (keys_per_seq >= LONG_KEYS and waves(64) >= 1):
+        return paired
+    return small_tiles
 
 
 def _tokens_per_tile(meta: dict) -> int:
@@ -243,7 +253,8 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     meta = dict(
         config
         or _launch_config(
-            tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device), causal=True
+            tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device), causal=True,
+            keys_per_seq=total_kv / max(batch, 1),
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)
@@ -271,7 +282,8 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     meta = dict(
         config
         or _launch_config(
-            tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device), causal=True
+            tokens_per_seq, lambda t: total_q // t + batch, _sm_count(q.device), causal=True,
+            keys_per_seq=num_kv_indices * page_size / max(batch, 1),
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)

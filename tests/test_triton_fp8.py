@@ -11,8 +11,13 @@ GPU when there is one): an element type of the paged policy, nothing else.
 - FP8 and bf16 plans never stand in for each other.
 """
 
+import inspect
+import sys
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_triton_paged import DEVICE, HAS_CUDA, triton_module
 
 from prefill_bundle.testing import (
@@ -127,3 +132,48 @@ def test_packed_solution_is_the_fp8_entry():
     outputs = poisoned_outputs(SMALL, inputs)
     runnable(*inputs, *outputs)
     check_outputs(outputs, reference_outputs(SMALL, inputs))
+
+
+def kv_loops_module():
+    return sys.modules[triton_module().__name__.rsplit(".", 1)[0] + ".kv_loops"]
+
+
+def test_bf16_conversion_has_the_checked_constants():
+    """The GPU's e4m3 -> bf16 conversion (_e4m3_to_bf16, inline PTX) uses the TileLang FP8
+    source's constants, which tests/test_tilelang_fp8.py checks on every e4m3 value."""
+    from test_tilelang_fp8 import fp8_module
+
+    fp8 = fp8_module()
+    asm = inspect.getsource(kv_loops_module()._e4m3_to_bf16.fn)
+    assert f"prmt.b32 lo, $2, 0, {fp8.BF16_SELECTORS[0]:#X}".replace("0X", "0x") in asm
+    assert f"prmt.b32 hi, $2, 0, {fp8.BF16_SELECTORS[1]:#X}".replace("0X", "0x") in asm
+    assert asm.count(f"{fp8.BF16_MASK:#X}".replace("0X", "0x")) == 2
+    assert f"mov.b32 scale, {fp8.BF16_2_POW_120 * 0x10001:#X}".replace("0X", "0x") in asm
+    assert asm.count("shl.b32") == 2 and asm.count("mul.rn.bf16x2") == 2
+
+
+_convert = None  # kv_loops._e4m3_to_bf16 of the built solution (set before convert_kernel runs)
+
+
+@triton.jit
+def convert_kernel(x, y, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(y + offsets, _convert(tl.load(x + offsets)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="inline PTX: the GPU only")
+def test_bf16_conversion_on_every_e4m3_value():
+    """_e4m3_to_bf16 on the GPU: every e4m3 value in every position of a 4-value group is its
+    bf16 value exactly (subnormals too); NaN reads as +-480 (the CUDA and TileLang kernels')."""
+    global _convert
+    _convert = kv_loops_module()._e4m3_to_bf16
+    values = torch.arange(256, dtype=torch.uint8)
+    for shift in range(4):  # each value at each position of a group of four
+        x = torch.roll(values, shift).cuda().view(FP8)
+        y = torch.full((256,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        convert_kernel[(1,)](x, y, N=256)
+        expected = x.float()
+        nan = torch.isnan(expected)
+        expected[nan] = torch.where(x.view(torch.uint8)[nan] > 0x7F, -480.0, 480.0)
+        torch.testing.assert_close(y.float(), expected, rtol=0, atol=0)

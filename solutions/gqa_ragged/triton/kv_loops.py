@@ -90,15 +90,51 @@ def band_start(first_pos, last_pos, window_left, kv_full_end, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _load_kv_tile(ptrs, in_seq, dtype: tl.constexpr, MASKED: tl.constexpr):
+def _e4m3_to_bf16(x):
+    """e4m3 -> bfloat16, exact, four values a step off the conversion pipe: prmt's sign mode
+    spreads two e4m3 bytes into 16-bit lanes sign-extended, shifted left by 4 a lane holds the
+    sign at bit 15 and exponent and mantissa at bits 4 .. 10 (the mask drops the sign's
+    copies), the bf16 of value x 2^-120 (subnormals too), which one bf16x2 multiply by 2^120
+    makes exact; NaN reads as +-480, as in the CUDA and TileLang kernels (the constants:
+    tests/test_tilelang_fp8.py checks them on every e4m3 value). Triton's own cast is a cvt to
+    f16x2 and two F2F f16 -> bf16 a pair, all on the 16-a-clock pipe the softmax's exp2 needs."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi, scale;
+        mov.b32 scale, 0x7B807B80;
+        prmt.b32 lo, $2, 0, 0x9180;
+        prmt.b32 hi, $2, 0, 0xB3A2;
+        shl.b32 lo, lo, 4;
+        shl.b32 hi, hi, 4;
+        and.b32 lo, lo, 0x87F087F0;
+        and.b32 hi, hi, 0x87F087F0;
+        mul.rn.bf16x2 $0, lo, scale;
+        mul.rn.bf16x2 $1, hi, scale;
+        }""",
+        constraints="=r,=r,r",
+        args=[x.to(tl.uint8, bitcast=True)],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _load_kv_tile(ptrs, in_seq, dtype: tl.constexpr, MASKED: tl.constexpr,
+                  INTERPRETED: tl.constexpr):  # fmt: skip
     """One K or V tile, in dtype (q's). Masked: keys past the sequence belong to another one or
     lie out of bounds, so they load as zeros (p is 0 there, but 0 * NaN would not be).
 
     An FP8 cache's tile is read as FP8 (half the bytes) and converted on chip, exactly: every
-    e4m3 value is a bf16 and an fp16 value. A cache of q's dtype casts nothing (the same code)."""
+    e4m3 value is a bf16 and an fp16 value (to bf16 by _e4m3_to_bf16 on the GPU; the
+    interpreter casts). A cache of q's dtype casts nothing (the same code)."""
     if MASKED:
-        return tl.load(ptrs, mask=in_seq[:, None], other=0.0).to(dtype)
-    return tl.load(ptrs).to(dtype)
+        tile = tl.load(ptrs, mask=in_seq[:, None], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    if tile.dtype == tl.float8e4nv and dtype == tl.bfloat16 and not INTERPRETED:
+        return _e4m3_to_bf16(tile)
+    return tile.to(dtype)
 
 
 @triton.jit
@@ -161,7 +197,7 @@ def attend_kv_tiles(
                 HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
-        k = _load_kv_tile(k_ptrs, in_seq, q.dtype, MASKED)
+        k = _load_kv_tile(k_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
         qk = _scores(q, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
@@ -179,7 +215,7 @@ def attend_kv_tiles(
             )
         else:
             p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
-        v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED)
+        v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         if PAGE_SIZE == 0:
@@ -249,7 +285,7 @@ def attend_kv_tiles_paired(
         key_pos = tile_start + key_offsets
         in_seq = key_pos < kv_len  # only used when MASKED
         if PAGE_SIZE == 0:
-            k = _load_kv_tile(k_tile + k_offsets, in_seq, q_a.dtype, MASKED)
+            k = _load_kv_tile(k_tile + k_offsets, in_seq, q_a.dtype, MASKED, INTERPRETED)
         else:
             # The page ids are read a tile ahead: Triton's pipeliner would otherwise make the
             # id load a stage of its own and wait for all copies in flight, K/V included, at
@@ -262,7 +298,7 @@ def attend_kv_tiles_paired(
                 HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, TOKEN_STRIDE=K_TOKEN_STRIDE,
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
-            k = _load_kv_tile(k_ptrs, in_seq, q_a.dtype, MASKED)
+            k = _load_kv_tile(k_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
         qk_a = _scores(q_a, k, INTERPRETED)
         qk_b = _scores(q_b, k, INTERPRETED)
         if MASKED:
@@ -282,9 +318,9 @@ def attend_kv_tiles_paired(
         else:
             p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
         if PAGE_SIZE == 0:
-            v = _load_kv_tile(v_tile + v_offsets, in_seq, q_a.dtype, MASKED)
+            v = _load_kv_tile(v_tile + v_offsets, in_seq, q_a.dtype, MASKED, INTERPRETED)
         else:
-            v = _load_kv_tile(v_ptrs, in_seq, q_a.dtype, MASKED)
+            v = _load_kv_tile(v_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(

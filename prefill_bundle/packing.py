@@ -62,6 +62,7 @@ CUDA_SOURCES = (
     "kv_paged.cuh",
     "kv_paged_fp8.cuh",
     "kernel_hopper.cuh",
+    "split_merge.cuh",
 )
 
 

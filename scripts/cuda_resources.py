@@ -27,11 +27,13 @@ _FP8_NOTES = {
     ),
 }
 # The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.
+# Split-KV's merge of key shares (merge_shares_kernel<dtype>, split_merge.cuh).
+_MERGE = re.compile(r"(merge_shares_kernel)I\d+(\w+?)EEv")
 _PAGED_NOTES = {
     ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
     ("gqa_prefill_paged_kernel", "1"): ("", cuda_build.PORTABLE_SMEM),
     ("gqa_prefill_paged_wgmma_kernel", "64"): (
-        " (producer 32, consumers 232)",
+        " (producer 40, consumers 232)",
         cuda_build.DYNAMIC_SMEM[("gqa_prefill_wgmma_kernel", "causal")],
     ),
     ("gqa_prefill_paged_wgmma_kernel", "1"): (
@@ -52,6 +54,14 @@ def resources_markdown(output: str) -> str:
         match = _PAGED.search(name)
         swa = _SWA.search(name)
         fp8 = _FP8.search(name)
+        merge = _MERGE.search(name)
+        if merge is not None:
+            kernel, dtype = merge.groups()
+            dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
+            paged[f"{kernel}<{dtype}>"] = (
+                cuda_build.ptxas_report(marker + block).popitem()[1], ("", "none")
+            )
+            continue
         if fp8 is not None:
             kernel, dtype = fp8.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)

@@ -127,8 +127,9 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
     for kernel in (PAGED_PORTABLE_KERNEL, SWA_PORTABLE_KERNEL):
         for _, name, (registers, spill_stores, spill_loads, _) in variant_resources(report, kernel):
             assert registers <= 128 and spill_stores == 0 and spill_loads == 0, (name, registers)
-    # + the FP8 paged kernels (portable and wgmma, per dtype): tests/test_cuda_fp8.py.
-    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS) + 2 * 2
+    # + the FP8 paged kernels (portable and wgmma, per dtype): tests/test_cuda_fp8.py; + the
+    # split-KV merge per dtype (tests/test_cuda_split_kv.py).
+    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS) + 2 * 2 + 2
     assert len(report) == expected, f"unexpected kernels: {list(report)}"
 
 

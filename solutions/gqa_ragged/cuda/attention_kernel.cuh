@@ -38,6 +38,7 @@
 //   kv_paged_fp8.cuh     K/V source PagedFp8Kv (FP8 e4m3 caches, page size 64) and its kernels
 //   kernel_portable.cuh  gqa_prefill_kernel, gqa_prefill_paged_kernel
 //   kernel_hopper.cuh    gqa_prefill_wgmma_kernel, gqa_prefill_paged_wgmma_kernel
+//   split_merge.cuh      split-KV's merge of key shares (merge_shares_kernel, share_weights)
 #pragma once
 
 #include "kernel_config.cuh"
@@ -53,3 +54,4 @@
 #include "kernel_portable.cuh"
 #include "kernel_hopper.cuh"
 #include "kv_paged_fp8.cuh"
+#include "split_merge.cuh"

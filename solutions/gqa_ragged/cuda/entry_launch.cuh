@@ -118,6 +118,31 @@ int* scheduler_counter(int device, cudaStream_t stream) {
   return counter;
 }
 
+// Split-KV's partial results (merge_shares_kernel reads them), one buffer per device and
+// stream like the scheduler counter, grown on demand (cudaMalloc synchronizes: once a growth).
+void* share_workspace(int device, cudaStream_t stream, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> buffers;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& buffer = buffers[{device, stream}];
+  if (buffer.second < bytes) {
+    if (buffer.first != nullptr) {
+      cudaStreamSynchronize(stream);  // the last launch on this stream may still read it
+      cudaFree(buffer.first);
+    }
+    buffer = {nullptr, 0};
+    const cudaError_t err = cudaMalloc(&buffer.first, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      buffer.first = nullptr;
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: no split-KV workspace of "
+                                  << bytes << " bytes (" << cudaGetErrorString(err) << ")";
+    }
+    buffer.second = bytes;
+  }
+  return buffer.first;
+}
+
 int multiprocessors(int device) {
   static int counts[64] = {};
   const bool cacheable = device >= 0 && device < 64;
@@ -278,8 +303,29 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
       hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
     }
     launch.pages = pages;
-    num_ctas = hopper_schedule<PagedHopperTiles>(hp, num_items, device, stream);
+    const int shares =
+        kv_shares(q_rows, params.batch, int64_t(params.total_kv) * kPageSize, num_items,
+                  multiprocessors(device.device_id), PagedHopperTiles::kBlockN);
+    const int64_t rows = q_rows * kNumHeads;  // (token, head) rows of output and lse
+    const size_t part_bytes = size_t(shares) * size_t(rows) * kHeadDim * sizeof(T);
+    if (shares > 1) {  // the shares' results go to a workspace, merged into out and lse below
+      char* workspace = static_cast<char*>(share_workspace(
+          device.device_id, stream, part_bytes + size_t(shares) * size_t(rows) * sizeof(float)));
+      hp.p.out = workspace;
+      hp.p.lse = reinterpret_cast<float*>(workspace + part_bytes);
+      hp.kv_shares = shares;
+    }
+    num_ctas = hopper_schedule<PagedHopperTiles>(hp, num_items * shares, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(launch);
+    if (shares > 1) {
+      check_launch(path, kFp8 ? "gqa_prefill_paged_fp8_wgmma_kernel"
+                              : "gqa_prefill_paged_wgmma_kernel", "", num_ctas);
+      const int64_t threads = rows * (kHeadDim / 8);
+      merge_shares_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          static_cast<const T*>(hp.p.out), hp.p.lse, static_cast<T*>(params.out), params.lse,
+          rows, shares);
+      num_ctas = (threads + 255) / 256;
+    }
   } else {
     const PagedParams launch{params, pages};
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(launch);

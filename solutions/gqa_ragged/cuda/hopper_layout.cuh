@@ -26,7 +26,8 @@ struct HopperParams {
   CUtensorMap k_map;  // k as (dim 128, kv head 8, token), box (64, 1, kBlockN)
   CUtensorMap v_map;
   int* scheduler;  // persistent kernels: int32[2] {items drawn, CTAs done}, zero between launches
-  int num_items;   // work items (query tile slot x KV head)
+  int num_items;   // work items (query tile slot x KV head x key share)
+  int kv_shares;   // paged decode-like batches: key shares of each item's keys (<= 1: none)
 };
 
 // The paged kernels' parameters: the Hopper ones, k_map / v_map 4-D views of the caches (page
@@ -40,6 +41,7 @@ struct PagedHopperParams {
 struct WorkItem {
   TileCoords t;
   int kv_head;
+  int share;  // the item's key share (hp.kv_shares > 1), else 0
   int valid;  // 0: no more work, the consumers exit
 };
 

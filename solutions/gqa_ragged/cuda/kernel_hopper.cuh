@@ -68,6 +68,14 @@ namespace gqa_prefill {
 
 // Whether a TileLoader uses the output buffer for itself (kUsesOutputBuffer; the FP8 loader's
 // staging): then the consumers write O from registers.
+// Whether a K/V source's items may be split into key shares (the paged ones: they name the keys
+// an entry of kv_start holds, kKeysPerEntry). Contiguous K/V never splits: its kernels keep
+// their code.
+template <typename K, typename = void>
+struct KvSplitsKeys : std::false_type {};
+template <typename K>
+struct KvSplitsKeys<K, std::void_t<decltype(K::kKeysPerEntry)>> : std::true_type {};
+
 template <typename L, typename = void>
 struct LoaderUsesOutputBuffer : std::false_type {};
 template <typename L>
@@ -156,12 +164,25 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       if (leader) {
         w.valid = 0;
         while (item < hp.num_items) {
-          w.kv_head = item % kNumKvHeads;
-          const int tile_slot = item / kNumKvHeads;
+          int item_of_tile = item;  // item = (tile slot x KV head) x shares + share
+          w.share = 0;
+          if constexpr (KvSplitsKeys<Kv>::value) {
+            if (hp.kv_shares > 1) {
+              w.share = item % hp.kv_shares;
+              item_of_tile = item / hp.kv_shares;
+            }
+          }
+          w.kv_head = item_of_tile % kNumKvHeads;
+          const int tile_slot = item_of_tile / kNumKvHeads;
           // Every item this thread draws passes here once, spare ones included.
           if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
           if (Kv::template locate<kCausal>(p, args, tile_slot, batch_ok, w.t)) {
             if constexpr (kWindow) band.clip(w.t);  // keys from the band's first on
+            if constexpr (KvSplitsKeys<Kv>::value) {
+              if (hp.kv_shares > 1) {
+                clip_to_share<kBlockN, Kv::kKeysPerEntry>(w.t, w.share, hp.kv_shares);
+              }
+            }
             w.valid = 1;
             break;
           }
@@ -365,16 +386,20 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       if (poisoned || t.seq_kv < 0) poison_rows(acc, row_max, row_sum);
     }
     if constexpr (Kv::kScalesOutput) scale_output(acc, args.v_scale);
+    // A key share's rows go to its slice of the shares' output and lse (p.out and p.lse are
+    // then [kv_shares x total_q] rows; merge_shares combines them).
+    TileCoords out_t = t;
+    if constexpr (KvSplitsKeys<Kv>::value) out_t.q_row0 += w.share * p.total_q;
 
     if constexpr (LoaderUsesOutputBuffer<Loader>::value) {
       // The loader stages in the output buffer: each lane writes its packed pairs (4 bytes)
       // straight from registers, as the portable kernel's threads would without staging.
       T* out_tile = static_cast<T*>(p.out) +
-                    (int64_t(t.q_row0) * kNumHeads + w.kv_head * kGroupSize) * kHeadDim;
-      normalize_rows<T>(p, t, w.kv_head, acc, row_max, row_sum, warp, lane,
+                    (int64_t(out_t.q_row0) * kNumHeads + w.kv_head * kGroupSize) * kHeadDim;
+      normalize_rows<T>(p, out_t, w.kv_head, acc, row_max, row_sum, warp, lane,
                         [&](int row, int db, uint32_t pair) {
                           const int token = row / kGroupSize;
-                          if (token < t.tile_tokens) {
+                          if (token < out_t.tile_tokens) {
                             *reinterpret_cast<uint32_t*>(
                                 out_tile + (int64_t(token) * kNumHeads + row % kGroupSize) *
                                                kHeadDim +
@@ -391,7 +416,8 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     int epilogue_tid = ctid;
     asm volatile("" : "+r"(stage), "+r"(epilogue_tid));
     const int epilogue_lane = epilogue_tid % 32;
-    normalize_rows<T>(p, t, w.kv_head, acc, row_max, row_sum, epilogue_tid / 32, epilogue_lane,
+    normalize_rows<T>(p, out_t, w.kv_head, acc, row_max, row_sum, epilogue_tid / 32,
+                      epilogue_lane,
                       [&](int row, int db, uint32_t pair) {
                         const uint32_t addr = stage + swizzled_offset(row, db, kQHalfBytes) +
                                               (epilogue_lane % 4) * 4;
@@ -399,7 +425,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
                                      : "memory");
                       });
     named_barrier_sync(1 + warpgroup, 128);
-    copy_rows_out<T, 64, 128>(p, t, w.kv_head, (epilogue_tid / 128) * 64, epilogue_tid % 128,
+    copy_rows_out<T, 64, 128>(p, out_t, w.kv_head, (epilogue_tid / 128) * 64, epilogue_tid % 128,
                               [&](int row, int chunk) {
                                 uint4 v;
                                 asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

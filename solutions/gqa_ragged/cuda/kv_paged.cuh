@@ -60,8 +60,9 @@ struct PageTmaLoader {
   static constexpr bool kZeroesVTail = true;
 
   template <typename Tiles>
+  // 40 (the knob's 32 spilled 8 bytes once the producer split items into key shares).
   __host__ __device__ static constexpr int producer_registers() {
-    return Tiles::kProducerRegisters;
+    return Tiles::kProducerRegisters > 40 ? Tiles::kProducerRegisters : 40;
   }
 
   const HopperParams& hp;
@@ -254,6 +255,7 @@ template <int kPageSize>
 struct PagedKv {
   static_assert(kPageSize == 1 || kPageSize == 64, "the paged definitions' page sizes");
   using Args = PageTable;
+  static constexpr int kKeysPerEntry = kPageSize;  // kv_start counts kv_indices entries (pages)
   static constexpr bool kRagged = true;
   static constexpr bool kMayPoison = true;
   static constexpr bool kScalesOutput = false;  // the output is P V / l as it is

@@ -353,6 +353,7 @@ template <typename T>
 struct PagedFp8Kv {
   static constexpr int kPageSize = 64;
   using Args = PageTable;
+  static constexpr int kKeysPerEntry = kPageSize;  // kv_start counts kv_indices entries (pages)
   static constexpr bool kRagged = true;
   static constexpr bool kMayPoison = true;
   static constexpr bool kScalesOutput = true;  // O x pages.v_scale

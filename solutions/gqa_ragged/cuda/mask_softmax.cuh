@@ -50,6 +50,29 @@ struct KeyBand {
   }
 };
 
+// Split-KV for decode-like paged batches (entry_launch.cuh plans `shares` > 1): share `share`
+// of an item takes an equal run of its query tile's key tiles, and the item is clipped to it
+// as KeyBand::clip clips a window's: the keys before the run are skipped (kv_start moves by
+// whole K/V entries: kBlockN is a multiple of the keys an entry holds), the run ends at
+// kv_len. seq_kv stays the sequence's end, so a run that stops before it is not masked there;
+// only the run holding the causal diagonal (the last) is. A share past the tile's keys gets
+// kv_len 0: its rows come out 0 with lse -inf and weigh nothing in the merge (merge_shares).
+template <int kBlockN, int kKeysPerEntry>
+__host__ __device__ __forceinline__ void clip_to_share(TileCoords& t, int share, int shares) {
+  static_assert(kBlockN % kKeysPerEntry == 0, "a run starts at an entry");
+  const int tiles = (t.kv_len + kBlockN - 1) / kBlockN;
+  const int run = (tiles + shares - 1) / shares * kBlockN;  // keys a share takes
+  const int first = share * run;
+  if (first >= t.kv_len) {
+    t.kv_len = 0;
+    return;
+  }
+  t.kv_start += first / kKeysPerEntry;
+  t.seq_kv -= first;
+  t.causal_offset -= first;
+  t.kv_len = t.kv_len - first < run ? t.kv_len - first : run;
+}
+
 // S (this lane's part of 16 rows x kNB * 8 keys from key0, accumulator layout): logits of
 // keys a row does not see become -inf. Only tiles crossing the end of the sequence, the
 // tile's first causal limit or (a window) the band's left edge need it. row_token: the lane's

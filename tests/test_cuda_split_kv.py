@@ -11,8 +11,9 @@ against brute force.
   gives lse -inf and weights 0.
 - The plan splits only decode-like batches, into shares of at least 4 key tiles, at most 16.
 
-The kernels themselves on a GPU: pytest -m gpu tests/test_solutions.py -k cuda_paged (the
-decode-like workloads split) and scripts/sanitize_malformed.py.
+The kernels themselves on a GPU: tests/test_split_kv_gpu.py, pytest -m gpu
+tests/test_solutions.py -k cuda_paged (the decode-like workloads split) and
+scripts/sanitize_malformed.py.
 """
 
 import math
@@ -174,41 +175,3 @@ def test_merge_weights(driver):
 def test_plan_splits_decode_like_batches(driver, total_q, batch, keys, expected):
     items = (total_q // TOKENS_PER_TILE + batch) * 8
     assert driver([f"plan {total_q} {batch} {keys} {items} 132"]) == [[str(expected)]]
-
-
-# Four decode-like rows over 64 to 5000 keys: the plan splits them (4 shares of >= 4 tiles).
-SPLIT_CASE = dict(q_lens=(1, 1, 2, 1), kv_lens=(3000, 700, 5000, 64))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name, page_size, fp8", [("cuda_paged_ps64", 64, False),
-                                                  ("cuda_paged_ps1", 1, False),
-                                                  ("cuda_fp8kv", 64, True)])  # fmt: skip
-def test_split_batches_on_the_gpu(name, page_size, fp8):
-    """A decode-like batch the plan splits: the reference's outputs; then with sequence 1's
-    first page id out of range, its row NaN and the other rows unchanged (the shares' merge
-    keeps the poison)."""
-    import torch
-
-    from prefill_bundle.testing import (
-        PagedCase,
-        check_outputs,
-        make_inputs,
-        reference_outputs,
-        run_solution,
-    )
-
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    scales = {"fp8_scales": (0.5, 1.25)} if fp8 else {}
-    case = PagedCase(SPLIT_CASE["q_lens"], SPLIT_CASE["kv_lens"], page_size, **scales)
-    inputs = make_inputs(case, "cuda", seed=1)
-    expected = reference_outputs(case, inputs)
-    check_outputs(run_solution(name, case, inputs), expected)
-    kv_indptr, kv_indices = inputs[4], inputs[5]
-    kv_indices[int(kv_indptr[1])] = inputs[1].shape[0]  # num_pages: out of range
-    out, lse = run_solution(name, case, inputs)
-    bad = slice(1, 2)  # sequence 1's one query row
-    assert out[bad].isnan().all() and lse[bad].isnan().all()
-    for rows in (slice(0, 1), slice(2, 5)):
-        check_outputs([out[rows], lse[rows]], [expected[0][rows], expected[1][rows]])

@@ -1,0 +1,64 @@
+"""Split-KV on the GPU for both backends that split decode-like paged batches (CUDA's
+split_merge.cuh, Triton's split_kv.py): a batch their GPU plans split, against the reference;
+then with a page id out of range, the poison survives the shares' merge in its row only.
+Run under compute-sanitizer memcheck too (the split kernels and the merge must not read or
+write outside their tensors with a bad page id):
+
+    compute-sanitizer --tool memcheck python -m pytest -m gpu tests/test_split_kv_gpu.py
+"""
+
+import pytest
+import torch
+
+from prefill_bundle.testing import (
+    PagedCase,
+    check_outputs,
+    make_inputs,
+    reference_outputs,
+    run_solution,
+)
+
+# Four decode-like rows over 64 to 5000 keys: both GPU plans split them (CUDA: shares of >= 4
+# key tiles of 128; Triton: 4 shares of >= 8 tiles of 64).
+Q_LENS, KV_LENS = (1, 1, 2, 1), (3000, 700, 5000, 64)
+SOLUTIONS = [
+    ("cuda_paged_ps64", 64, False),
+    ("cuda_paged_ps1", 1, False),
+    ("cuda_fp8kv", 64, True),
+    ("triton_paged_ps64", 64, False),
+    ("triton_paged_ps1", 1, False),
+    ("triton_fp8kv", 64, True),
+]
+
+
+def test_triton_plans_split_the_case():
+    """Else the Triton rows below would test the unsplit kernel (CUDA's plan: the nvcc host
+    driver's test_plan_splits_decode_like_batches)."""
+    from test_triton_paged import triton_module
+
+    module = triton_module()
+    if module.INTERPRET:
+        pytest.skip("the GPU's plan")
+    tokens_per_seq = sum(Q_LENS) / len(Q_LENS)
+    assert module._kv_splits(tokens_per_seq, len(Q_LENS), sum(KV_LENS), 64, 132) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, page_size, fp8", SOLUTIONS)
+def test_split_batches_on_the_gpu(name, page_size, fp8):
+    """The reference's outputs; then with sequence 1's first page id out of range, its row NaN
+    and the other rows unchanged."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    scales = {"fp8_scales": (0.5, 1.25)} if fp8 else {}
+    case = PagedCase(Q_LENS, KV_LENS, page_size, **scales)
+    inputs = make_inputs(case, "cuda", seed=1)
+    expected = reference_outputs(case, inputs)
+    check_outputs(run_solution(name, case, inputs), expected)
+    kv_indptr, kv_indices = inputs[4], inputs[5]
+    kv_indices[int(kv_indptr[1])] = inputs[1].shape[0]  # num_pages: out of range
+    out, lse = run_solution(name, case, inputs)
+    bad = slice(1, 2)  # sequence 1's one query row
+    assert out[bad].isnan().all() and lse[bad].isnan().all()
+    for rows in (slice(0, 1), slice(2, 5)):
+        check_outputs([out[rows], lse[rows]], [expected[0][rows], expected[1][rows]])

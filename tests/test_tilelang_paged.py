@@ -15,6 +15,7 @@
 """
 
 import functools
+import re
 import sys
 
 import pytest
@@ -95,9 +96,9 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     assert "tl::tma_load(Q_desc" in source
     # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
     # stage's barrier.
-    assert "tl::cp_async_gs_conditional<16>(" in source
     assert "tl::mbarrier_cp_async_arrive(" in source
     if page_size == 64:
+        assert "tl::cp_async_gs_conditional<16>(" in source  # TileLang's, zero-filled
         # A TMA box per page: coordinates (columns, slot 0, KV head, page id), the page
         # stride in bytes from the tensor on every call.
         assert "tl::tma_load(K_cache_desc" in source and "tl::tma_load(V_cache_desc" in source
@@ -106,12 +107,19 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     else:
         assert "K_cache_desc" not in source  # gathered, not boxed
         assert "tl::warpgroup_reg_dealloc<56>" in source  # the loader warpgroup's registers
-        # The loaders read a tile's page ids once (a lane's held row), and each pass takes its
-        # row's from lane 2 i + lane // 16, which holds it only if T.Parallel puts 16 threads
-        # on a row and rows 2 w, 2 w + 1 of each pass on warp w: row (thread & 127) >> 4.
-        assert "((i_3 * 2) + ((((int)threadIdx.x) & 31) >> 4)), 32)" in source
-        assert "(((((int)threadIdx.x) & 127) >> 4) * 64)" in source
+        # The loaders read a tile's page ids once (a lane's held row) and vote on which rows
+        # are read; pass i takes its row's page from lane i of its half warp (a constant
+        # source lane once unrolled) and copies it with the prelude's cp.async (ignore-src:
+        # zeros, no read), K and V. Rows 2 w + lane // 16 of each pass on warp w: row
+        # (thread & 127) >> 4 in the swizzled shared address.
         assert source.count("kv_indices[") == 1
+        assert source.count("__ballot_sync(") == 1
+        half_warp_shuffle = r"__shfl_sync\(\(uint\)4294967295, \w+\[0\], i_\d+, 16\)"
+        assert len(re.findall(half_warp_shuffle, source)) == 2  # K's and V's pass loops
+        assert source.count("tl_gather_row16(") == 3  # the prelude's definition, K's, V's
+        assert "cp.async.cg.shared.global [%0], [%1], 16, ignore;" in source
+        assert "tl::cp_async_gs_conditional" not in source
+        assert "(((((int)threadIdx.x) & 127) >> 4) * 64)" in source
 
 
 @pytest.mark.parametrize("dtype,page_size", COMPILED_PAGED_VARIANTS)

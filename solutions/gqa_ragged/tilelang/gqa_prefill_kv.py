@@ -13,8 +13,10 @@ gqa_prefill_steps.build_steps (build_kv). A source gives
   full barriers count loader_warps * 32 arrivals), and CopyK / CopyV, the pipelined program's
   copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
   epilogue reads (paged only);
-- FP8's only (gqa_prefill_fp8): StartItem (LoadTile then takes the item's tile count),
-  output_buffer (False: no output buffer) and prelude (CUDA code heading the kernel's source).
+- prelude: CUDA code heading the warp-specialized kernel's source (page size 1's row copy,
+  FP8's conversion), or None;
+- FP8's only (gqa_prefill_fp8): StartItem (LoadTile then takes the item's tile count) and
+  output_buffer (False: no output buffer).
 
 The layouts:
 - ragged: K and V [total_kv, 8, 128] at any token stride; kv_indptr indexes key rows. A tile is
@@ -54,9 +56,29 @@ ASYNC_COPY = {"parallel_prefer_async": True, "parallel_async_without_async_commi
 # A loop the compiler keeps rolled: unrolled, the loaders' row loops hoist every row's address
 # into registers, which the producer's 24 (setmaxnreg) cannot hold.
 ROLLED = {"pragma_unroll_factor": 1}
-# The page-size-1 gathers, unrolled by 4: four passes' page id loads in flight at once (the
-# loaders' 56 registers hold them; fully unrolled, they spill).
+# The pipelined program's page-size-1 gathers, unrolled by 4: four passes' page id loads in
+# flight at once.
 UNROLLED_BY_4 = {"pragma_unroll_factor": 4}
+# Page size 1's row copy for the warp-specialized gather (the kernel's prelude): 16 bytes of
+# page `page` into shared memory, the source address one IMAD.WIDE.U32 from page 0's
+# (page_bytes: the page stride in bytes, < 2^32 as the stride in elements is an int32; the
+# product in 64 bits), or zeros where `read` is 0 (cp.async's ignore-src operand: nothing is
+# read). Written out in CUDA because TileLang's indexing sign-extends the page id and the stride
+# to 64 bits, multiplies them as such and adds its own bounds test: 17-18 instructions a row
+# against 4 (TUNING.md, page size 1). The multiply is PTX's mul.wide.u32: written in C, it
+# reached ptxas as a 64-bit multiply (one instruction a row more).
+GATHER_ROW = """
+__device__ __forceinline__ void tl_gather_row16(void* smem, const void* page0, unsigned int page,
+                                                unsigned int page_bytes, unsigned int read) {
+  unsigned long long offset;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(offset) : "r"(page), "r"(page_bytes));
+  const char* src = static_cast<const char*>(page0) + offset;
+  unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+  asm volatile("{ .reg .pred ignore; setp.eq.u32 ignore, %2, 0;"
+               " cp.async.cg.shared.global [%0], [%1], 16, ignore; }"
+               :: "r"(dst), "l"(src), "r"(read));
+}
+"""
 VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
@@ -187,8 +209,9 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         rows) that met a bad page id: two items are in flight at most (the producer takes the
         next item's Q only once the consumers are past this one's Q K^T)."""
         bad = T.alloc_shared([2], T.int32)
-        # Page size 1: the id of this loader thread's held row (HoldPageIds).
-        return T.alloc_local([1 if gather else pages_per_tile], T.int32), bad
+        # Page size 1: this loader thread's held row's page and its half warp's read bits
+        # (HoldPageIds).
+        return T.alloc_local([2 if gather else pages_per_tile], T.int32), bad
 
     @T.macro
     def InitScratch(scratch):
@@ -344,52 +367,56 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
                 shared[stage, i * rows + r, c] = gathered(cache, kv, key, seq_kv, page, kv_head, c)
 
     # The warp-specialized gather: 16 threads copy a row (16 bytes each), 8 rows a pass, 16
-    # passes a tile, and warp w copies rows 2w and 2w + 1 of each pass (lanes 0-15 and 16-31:
-    # T.Parallel's thread layout, which test_tilelang_paged.py checks in the generated source).
-    # Over a tile warp w copies the 32 rows 2w + h + 8i (h = lane // 16, i the pass), so each
-    # lane reads one of their ids a tile (lane l: row 2w + l % 2 + 8 (l // 2)) and pass i takes
-    # its row's id from lane 2i + h with a shuffle: one id load a thread and tile instead of one
-    # a pass for K, one for V and one for the check (the producer's instructions per tile were
-    # 2.3x ragged's, and it ran at 0.46x ragged's speed: TUNING.md).
+    # passes a tile, and warp w copies rows 2w + h of each pass (h = lane // 16: lanes 0-15 and
+    # 16-31). Over a tile warp w copies the 32 rows 2w + h + 8i (i the pass), so each lane reads
+    # one of their ids a tile (lane l: row 2w + h + 8 (l % 16), pass l % 16's) and pass i takes
+    # its row's id from lane 16h + i: a shuffle within each half warp (width 16), its source
+    # lane a constant. One id load a thread and tile instead of one a pass for K, one for V and
+    # one for the check (the producer's instructions per tile were 2.3x ragged's, and it ran at
+    # 0.46x ragged's speed: TUNING.md).
     def held_row(tx):
         assert (block_N, loader_threads, HEAD_DIM) == (128, 128, 128), "16 passes of 8 rows"
         lane = tx % 32
-        return 2 * (tx % 128 // 32) + lane % 2 + 8 * (lane // 2)
+        return 2 * (tx % 128 // 32) + lane // 16 + 8 * (lane % 16)
 
     @T.macro
     def HoldPageIds(kv, scratch, k, kv_start, seq_kv, item):
-        """scratch[0][0] = the page id of this thread's held row of tile k; a key on a bad page
-        marks the item. The loads are one coalesced read of the tile's kv_indices."""
-        key = k * block_N + held_row(T.get_thread_binding())
+        """scratch[0] = (the page of this thread's held row of tile k, 0 where nothing is read;
+        bit i: pass i's row is read, for this lane's half warp); a key on a bad page marks the
+        item. The loads are one coalesced read of the tile's kv_indices."""
+        tx = T.get_thread_binding()
+        key = k * block_N + held_row(tx)
         page = row_page(kv, kv_start, key)
-        # -1: nothing to read (past the keys, or a bad id): the passes test the sign only.
-        scratch[0][0] = T.if_then_else((key < seq_kv) & in_cache(kv, page), page, -1)
+        read = (key < seq_kv) & in_cache(kv, page)
+        held = scratch[0]
+        # A row not read keeps an address in the cache: page 0 (a cache without pages gets a
+        # 1-page stand-in). A read page is < page_count <= num_pages.
+        held[0] = T.if_then_else(read, page, 0)
+        # The half warp's bits: lane 16h + i holds pass i's row (held_row).
+        held[1] = T.Cast("int32", T.ballot_sync(read) >> T.Cast("uint64", tx % 32 // 16 * 16))
         if (key < seq_kv) & ~in_cache(kv, page):
             MarkBad(scratch, item, True)
 
     @T.macro
-    def GatherHeldRows(cache, shared, stage, kv, k, seq_kv, kv_head, held):
-        """Tile k's keys into shared[stage] by the producer warpgroup, the page ids shuffled from
-        HoldPageIds' (held): the copies are in flight when it returns."""
-        lane = T.get_thread_binding() % 32
-        row = T.alloc_local([1], T.int32)
+    def GatherHeldRows(cache, shared, stage, kv_head, held):
+        """Tile k's keys into shared[stage] by the producer warpgroup, from HoldPageIds' held
+        pages (shuffled) and read bits: the copies are in flight when it returns. A row costs a
+        shuffle, a bit test, the address's IMAD.WIDE.U32 and the cp.async (fully unrolled: the
+        shared address is an immediate offset, the shuffle's source lane a constant)."""
+        tx = T.get_thread_binding()
         rows = rows_per_pass(loader_threads)
         chunks = HEAD_DIM // VECTOR  # threads a row
-        # Pinned: left to layout inference, a loop that reads `page` gets a thread a column.
-        layout = T.Fragment(
-            [rows, HEAD_DIM],
-            forward_thread_fn=lambda r, c: r * chunks + c // VECTOR,
-            forward_index_fn=lambda r, c: c % VECTOR,
-        )
-        for i in T.unroll(block_N // rows, annotations=UNROLLED_BY_4):
-            page = T.shfl_sync(held[0], 2 * i + lane // 16)
-            # Clamped in 32 bits, before the 64-bit offset (inside the index, TileLang widened
-            # page first: 64-bit compares and selects, ~18 of a pass's ~28 instructions).
-            row[0] = T.min(T.max(page, 0), num_pages - 1)
-            for r, c in T.Parallel(rows, HEAD_DIM, loop_layout=layout, annotations=ASYNC_COPY):
-                shared[stage, i * rows + r, c] = T.if_then_else(
-                    page >= 0, cache[row[0], 0, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0),
-                )  # fmt: skip
+        row, col = tx % loader_threads // chunks, tx % chunks * VECTOR
+        assert cache_dtype is None, "16-bit caches: 2 bytes an element"
+        page_bytes = T.Cast("uint32", cache.strides[0]) * T.uint32(2)
+        for i in T.unroll(block_N // rows):
+            T.call_extern(
+                "handle", "tl_gather_row16",
+                T.access_ptr(shared[stage, i * rows + row, col], "w", VECTOR),
+                T.access_ptr(cache[0, 0, kv_head % NUM_KV_HEADS, col], "r", VECTOR),
+                T.Cast("uint32", T.shfl_sync(held[0], i, 16)), page_bytes,
+                T.Cast("uint32", T.bitwise_and(held[1], T.shift_left(1, i))),
+            )  # fmt: skip
 
     # Both page sizes ------------------------------------------------------------------------
 
@@ -408,14 +435,14 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
             FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
         T.mbarrier_wait_parity(k_empty[stage], phase)
         if gather:
-            GatherHeldRows(kv[0], K_shared, stage, kv, k, seq_kv, kv_head, scratch[0])
+            GatherHeldRows(kv[0], K_shared, stage, kv_head, scratch[0])
             CopiesArrive(k_full, stage)
         else:
             LoadPagedK(kv, K_shared, k_full, stage, kv_head, scratch[0], True)
         T.mbarrier_arrive(k_full[stage])
         T.mbarrier_wait_parity(v_empty[stage], phase)
         if gather:
-            GatherHeldRows(kv[1], V_shared, stage, kv, k, seq_kv, kv_head, scratch[0])
+            GatherHeldRows(kv[1], V_shared, stage, kv_head, scratch[0])
             CopiesArrive(v_full, stage)
         else:
             LoadPagedV(
@@ -451,6 +478,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
         seq_kv=seq_kv, entry_bad=entry_bad, sequence_ok=sequence_ok, LoadTile=LoadTile,
         CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
+        prelude=GATHER_ROW if gather else None,
     )  # fmt: skip
     if cache_dtype is None:
         return source

@@ -175,7 +175,8 @@ struct PageGatherLoader {
   const PageTable& pages;
   int thread;    // 0 .. 127
   int next_id;   // the page id of row held_row() of the next tile to load
-  int id;        // ... of the current tile
+  int id;        // ... of the current tile, 0 where the row is not read (past the keys, bad id)
+  uint32_t read_bits;  // bit i: this thread's 8-lane group reads its row of pass i
   int key0;      // the current tile's first key
   bool item_bad;
 
@@ -204,8 +205,13 @@ struct PageGatherLoader {
   template <typename Tiles>
   __device__ __forceinline__ void start_tile(const WorkItem& w, int n) {
     key0 = n * Tiles::kBlockN;
-    id = next_id;
-    item_bad |= key0 + held_row() < w.t.seq_kv && !page_in_range(id, pages);
+    const bool listed = key0 + held_row() < w.t.seq_kv;
+    const bool read = listed && page_in_range(next_id, pages);
+    item_bad |= listed && !read;
+    // Validated once a tile by the row's holder: the passes only shuffle a page that is safe to
+    // address (0 where nothing is read) and test a bit of the group's ballot.
+    id = read ? next_id : 0;
+    read_bits = __ballot_sync(0xffffffffu, read) >> (thread % 32 / 8 * 8);
     if (key0 + Tiles::kBlockN < w.t.kv_len) next_id = fetch_id(w, key0 + Tiles::kBlockN);
   }
   template <typename Tiles>
@@ -229,21 +235,39 @@ struct PageGatherLoader {
   __device__ __forceinline__ void gather(const void* cache, int64_t page_stride, uint32_t dst,
                                          const WorkItem& w) const {
     static_assert(Tiles::kBlockN / kRowsPerPass == 8, "8 passes: one id from each of 8 lanes");
-    const char* base = static_cast<const char*>(cache);
-    const int column = (w.kv_head * kHeadDim + chunk() * 8) * 2;  // bytes
+    // The chunk's column in page 0 (page ids only add page * page stride to it).
+    const char* column =
+        static_cast<const char*>(cache) + (w.kv_head * kHeadDim + chunk() * 8) * 2;
     // The chunk's swizzled place in row row_in_pass() (+ 16 rows a pass: the same row % 8).
     const uint32_t chunk_dst =
         dst + row_in_pass() * 128 + ((chunk() ^ (row_in_pass() % 8)) * 16);
-    const int rows_left = w.t.seq_kv - key0 - row_in_pass();
+    const uint64_t stride_bytes = static_cast<uint64_t>(page_stride) * 2;
+    if (stride_bytes <= 0xffffffffu) {
+      // A row in 5 instructions for its 2 copies: shuffle, bit test, one 32 x 32 -> 64-bit
+      // multiply-add for the address, 2 cp.async (a 64-bit page * stride was ~12 a copy).
+      const uint32_t stride32 = static_cast<uint32_t>(stride_bytes);
 #pragma unroll
-    for (int i = 0; i < Tiles::kBlockN / kRowsPerPass; ++i) {
+      for (int i = 0; i < Tiles::kBlockN / kRowsPerPass; ++i) {
+        const uint32_t page = __shfl_sync(0xffffffffu, id, i, 8);
+        const int bytes = (read_bits >> i) & 1 ? 16 : 0;
+        const char* src = mad_wide_u32(page, stride32, column);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          cp_async_16(chunk_dst + half * Tiles::kKvHalfBytes + i * kRowsPerPass * 128,
+                      src + half * 128, bytes);
+        }
+      }
+      return;
+    }
+#pragma unroll 1
+    for (int i = 0; i < Tiles::kBlockN / kRowsPerPass; ++i) {  // pages over 4 GiB apart
       const int page = __shfl_sync(0xffffffffu, id, i, 8);
-      const bool valid = kRowsPerPass * i < rows_left && page_in_range(page, pages);
-      const char* src = valid ? base + page * page_stride * 2 + column : base;
+      const int bytes = (read_bits >> i) & 1 ? 16 : 0;
+      const char* src = column + static_cast<int64_t>(page) * static_cast<int64_t>(stride_bytes);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         cp_async_16(chunk_dst + half * Tiles::kKvHalfBytes + i * kRowsPerPass * 128,
-                    src + half * 128, valid ? 16 : 0);
+                    src + half * 128, bytes);
       }
     }
   }

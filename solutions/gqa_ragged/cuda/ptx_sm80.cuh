@@ -18,6 +18,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
                "r"(src_bytes)
                : "memory");
 }
+// a * b + c for 32-bit a, b and a 64-bit pointer c: one IMAD.WIDE.U32 (C++ widens first and
+// multiplies in 64 bits).
+__device__ __forceinline__ const char* mad_wide_u32(uint32_t a, uint32_t b, const char* c) {
+  const char* d;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+  return d;
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

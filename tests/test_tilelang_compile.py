@@ -170,6 +170,7 @@ KERNEL_FILES = (
     "gqa_prefill_ws.py",
     "gqa_prefill_items.py",
     "gqa_prefill_pipelined.py",
+    "gqa_prefill_split.py",
 )
 
 

@@ -22,12 +22,13 @@ import tilelang
 
 from .gqa_prefill_fp8 import FP8_E4M3
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
+from .gqa_prefill_split import kv_shares, merge_shares
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
 __all__ = [
     "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config",
-    "compile_variant",
+    "compile_merge", "compile_variant", "kv_shares",
 ]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
@@ -43,6 +44,11 @@ WINDOW_VARIANTS = ["float16", "bfloat16"]
 # q's dtype of the FP8-cache kernels (causal, page size 64, float8_e4m3fn caches):
 # run_paged_ps64_fp8kv.
 FP8_VARIANTS = ["float16", "bfloat16"]
+# Split-KV (decode-like paged batches: gqa_prefill_split) runs a split kernel of every paged
+# variant: (dtype, page size, FP8 caches).
+SPLIT_VARIANTS = [(dtype, size, False) for dtype, size in PAGED_VARIANTS] + [
+    (dtype, 64, True) for dtype in FP8_VARIANTS
+]
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
@@ -73,6 +79,7 @@ def gqa_prefill(
     page_size: int = None,
     window: bool = False,
     cache_dtype: str = None,
+    split: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -98,6 +105,10 @@ def gqa_prefill(
     cache_dtype FP8_E4M3 (page size 64, ws): FP8 caches, the kernel's float32 v_scale after
     sm_scale multiplying the output (gqa_prefill_fp8).
 
+    split (paged, causal): split-KV, Output and LSE fp32 workspaces of shares * total_q rows,
+    each share's normalised output and LSE (gqa_prefill_steps.build_steps), which
+    gqa_prefill_split's merge program combines into the definition's output and lse.
+
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
 
@@ -111,7 +122,7 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
-    steps = build_steps(dtype, causal, block_M, block_N, page_size, window, cache_dtype)
+    steps = build_steps(dtype, causal, block_M, block_N, page_size, window, cache_dtype, split)
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
@@ -129,14 +140,20 @@ def compile_variant(
     page_size: int = None,
     window: bool = False,
     cache_dtype: str = None,
+    split: bool = False,
     **config,
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
-    sliding-window kernel; cache_dtype: FP8 caches); config defaults to
-    block_config(dtype, causal)."""
+    sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
+    workspaces); config defaults to block_config(dtype, causal)."""
     config = config or block_config(dtype, causal)
-    func = gqa_prefill(
-        dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
-        cache_dtype=cache_dtype, **config,
-    )  # fmt: skip
+    variant = dict(page_size=page_size, window=window, cache_dtype=cache_dtype)
+    if split:  # only then: the other variants' programs are built exactly as before
+        variant.update(split=True)
+    func = gqa_prefill(dtype, causal, num_sms=num_sms, **variant, **config)
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)
+
+
+def compile_merge(dtype: str, target=SM90A):
+    """Lower and compile split-KV's merge (gqa_prefill_split.merge_shares) for q's dtype."""
+    return tilelang.compile(merge_shares(dtype), target=target, pass_configs=PASS_CONFIGS)

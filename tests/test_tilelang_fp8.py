@@ -224,6 +224,7 @@ def recorded_launches(monkeypatch):
         return lambda *args: launches.append(((dtype, causal, page_size, fp8), args))
 
     monkeypatch.setattr(entry, "_kernel", kernel)
+    monkeypatch.setattr(entry, "_sm_count", lambda device: 132)  # the plan's; nothing splits
     monkeypatch.setattr(entry, "_fp8_plans", contract.PlanCache())
     monkeypatch.setattr(entry, "_paged_plans", {p: contract.PlanCache() for p in (1, 64)})
     monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))

@@ -45,7 +45,7 @@ from prefill_bundle.testing import (
     run_solution,
 )
 
-F16 = torch.float16
+F16, F32 = torch.float16, torch.float32
 HAS_CUDA = torch.cuda.is_available()
 # The entry-point tests need packing.py's TileLang paged specs (their Solution JSON).
 PACKED = {s.name for s in SOLUTIONS} >= {"tilelang_paged_ps1", "tilelang_paged_ps64"}
@@ -142,7 +142,12 @@ def test_paged_code_carries_no_fp8_policy(dtype):
 @pytest.fixture(scope="module")
 def cpu_paged_kernels(tmp_path_factory):
     get = cpu_programs(tmp_path_factory, "paged")
-    return lambda page_size, config: get(config, page_size=page_size)
+
+    def paged(page_size, config, split=False):
+        return get(config, page_size=page_size, **(dict(split=True) if split else {}))
+
+    paged.merge = get.merge
+    return paged
 
 
 def _paged_launcher(kernel):
@@ -152,7 +157,8 @@ def _paged_launcher(kernel):
     def launch(q, k_cache, v_cache, *rest):
         *indices, output, lse, scheduler = rest
         q, k_cache, v_cache = (x.to(F16).contiguous() for x in (q, k_cache, v_cache))
-        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        # fp32: a split kernel's workspace
+        output16 = output if output.dtype in (F16, F32) else torch.empty_like(output, dtype=F16)
         kernel(q, k_cache, v_cache, *indices, output16, lse, scheduler)
         output.copy_(output16)
 
@@ -174,19 +180,43 @@ CPU_PAGED_CONFIGS = {
 }
 
 
-def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str) -> None:
+def _merge_launcher(kernel):
+    """A stand-in for split-KV's compiled merge; bfloat16 output via float16."""
+
+    def launch(parts, part_lse, output, lse):
+        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        kernel(parts, part_lse, output16, lse)
+        output.copy_(output16)
+
+    return launch
+
+
+def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str,
+                     shares: int = None) -> None:  # fmt: skip
     """Point the packed paged entry at the CPU program with config's tiles, its device checks
-    told that CPU tensors are fine, and no plan from an earlier test."""
+    told that CPU tensors are fine, and no plan from an earlier test. shares: every batch split
+    into that many key shares (None: the entry's own plan, for an H100's 132 SMs)."""
     entry = entry_module(solution_of(page_size))
     block_config = kernel_module().block_config
 
-    def kernel(dtype, causal, device, page_size):
+    def kernel(dtype, causal, device, page_size, split=False):
         tiles = CPU_PAGED_CONFIGS[page_size][config]
         if tiles is None:  # the ws program's tiles through the pipelined one
             tiles = dict(block_config(entry._DTYPES[dtype], causal))
             for knob in ("ws", "pingpong", "persistent"):
                 tiles.pop(knob, None)
-        return _paged_launcher(cpu_paged_kernels(page_size, tiles))
+        return _paged_launcher(cpu_paged_kernels(page_size, tiles, split))
+
+    def workspace(device, rows):
+        return torch.empty(rows, NUM_HEADS, HEAD_DIM), torch.empty(rows, NUM_HEADS)
+
+    monkeypatch.setattr(entry, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(entry, "_workspace", workspace)
+    monkeypatch.setattr(
+        entry, "_merge_kernel", lambda dtype, device: _merge_launcher(cpu_paged_kernels.merge())
+    )  # fmt: skip
+    if shares is not None:
+        monkeypatch.setattr(entry, "kv_shares", lambda *shapes: shares)
 
     contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
     for name in ("check_layout", "check_placement"):
@@ -226,6 +256,57 @@ def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, mo
     row of a malformed sequence NaN, every row written."""
     config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
     run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config)
+    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)
+
+
+# Split-KV on the CPU: every batch through the split program (its shares' workspaces, then the
+# merge), 3 shares (the empty shares of a short sequence included) or 4.
+# Page size 64 only: page size 1 does not split (gqa_prefill_kernel.SPLIT_PAGE_SIZES).
+SPLIT_CPU_CASES = [c for c in CPU_PAGED_CASES if c.page_size == 64] + [
+    PagedCase((1, 1, 2, 1), (300, 70, 500, 6), 64),
+]
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "case,config,shares",
+    [
+        pytest.param(case, config, 3 + i % 2, id=f"{case.id}-{config}-{3 + i % 2}")
+        for i, (case, config) in enumerate(
+            (case, config)
+            for case in SPLIT_CPU_CASES
+            for config in CPU_PAGED_CONFIGS[case.page_size]
+            if config != "solution_tiles"
+        )
+    ],
+)
+def test_split_program_on_cpu_matches_reference(case, config, shares, cpu_paged_kernels,
+                                                monkeypatch):  # fmt: skip
+    """The shares' key ranges cover every key once (short sequences leave shares empty: 0 and
+    -inf, weighed 0), the causal offset survives the clip, the merge recombines them."""
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config, shares)
+    inputs = make_inputs(case, "cpu")
+    check_outputs(
+        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
+        reference_outputs(case, inputs),
+    )
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "batch", [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 64], ids=lambda b: b.id
+)
+def test_split_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
+    """As unsplit: every share of a poisoned row NaN (bad page ids: the share that meets one),
+    so the merged row is NaN; other rows right."""
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, shares=3)
     inputs = malformed_paged_inputs(batch, "cpu", seed=4)
     expected = malformed_paged_expected(batch, inputs)
     output = torch.full_like(inputs[0], -7.0)

@@ -53,6 +53,7 @@ from .gqa_prefill_kernel import (
     NUM_HEADS,
     NUM_KV_HEADS,
     PAGE_SIZES,
+    SPLIT_PAGE_SIZES,
     compile_merge,
     compile_variant,
     kv_shares,
@@ -332,8 +333,11 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
     device = q.get_device()
-    # From shapes: the page table's entries x page size bound the keys.
-    shares = kv_shares(total_q, batch, num_kv_indices * page_size, _sm_count(device))
+    # From shapes: the page table's entries x page size bound the keys. Page size 1 does not
+    # split: its split program fails TileLang's sync planner (gqa_prefill_split, TUNING.md).
+    shares = 1
+    if page_size in SPLIT_PAGE_SIZES:
+        shares = kv_shares(total_q, batch, num_kv_indices * page_size, _sm_count(device))
     variant = dict(fp8=True) if fp8 else {}
     if shares > 1:
         kernel = _kernel(q.dtype, True, device, page_size, split=True, **variant)

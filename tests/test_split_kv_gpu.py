@@ -1,6 +1,6 @@
-"""Split-KV on the GPU for both backends that split decode-like paged batches (CUDA's
-split_merge.cuh, Triton's split_kv.py): a batch their GPU plans split, against the reference;
-then with a page id out of range, the poison survives the shares' merge in its row only.
+"""Split-KV on the GPU for the backends that split decode-like paged batches (CUDA's
+split_merge.cuh, Triton's split_kv.py, TileLang's gqa_prefill_split.py): a batch their GPU
+plans split, against the reference; then with a page id out of range, the poison survives the shares' merge in its row only.
 Run under compute-sanitizer memcheck too (the split kernels and the merge must not read or
 write outside their tensors with a bad page id):
 
@@ -28,6 +28,11 @@ SOLUTIONS = [
     ("triton_paged_ps64", 64, False),
     ("triton_paged_ps1", 1, False),
     ("triton_fp8kv", 64, True),
+    ("tilelang_paged_ps64", 64, False),
+    # TileLang's page size 1 does not split yet (gqa_prefill_kernel.SPLIT_PAGE_SIZES): the
+    # unsplit kernel on the same batch.
+    ("tilelang_paged_ps1", 1, False),
+    ("tilelang_fp8kv", 64, True),
 ]
 
 
@@ -41,6 +46,15 @@ def test_triton_plans_split_the_case():
         pytest.skip("the GPU's plan")
     tokens_per_seq = sum(Q_LENS) / len(Q_LENS)
     assert module._kv_splits(tokens_per_seq, len(Q_LENS), sum(KV_LENS), 64, 132) == 4
+
+
+def test_tilelang_plans_split_the_case():
+    """Else the TileLang page-size-64 rows below would test the unsplit kernel: the entry's
+    plan (kv_shares, from shapes: 5 tokens, 4 sequences, the page table's entries x 64)."""
+    from test_tilelang_compile import kernel_module
+
+    pages = sum(-(-n // 64) for n in KV_LENS)
+    assert kernel_module().kv_shares(sum(Q_LENS), len(Q_LENS), pages * 64, 132) == 4
 
 
 @pytest.mark.gpu

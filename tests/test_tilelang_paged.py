@@ -136,6 +136,51 @@ def test_paged_code_carries_no_fp8_policy(dtype):
     assert "(((int64_t)k_page_stride) * (int64_t)2)" in host
 
 
+# Split-KV's kernels (decode-like batches, page size 64: 16-bit and FP8) and the merge.
+SPLIT_COMPILED = [("bfloat16", False), ("bfloat16", True)]
+
+
+@pytest.mark.parametrize("dtype,fp8", SPLIT_COMPILED)
+def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
+    """The split program: the shares' fp32 outputs go out from registers (no output buffer),
+    the register split and the 0-spill budget of the unsplit kernel hold."""
+    kernels = kernel_module()
+    assert {(d, p, f) for d, p, f in kernels.SPLIT_VARIANTS} == {
+        ("float16", 64, False), ("bfloat16", 64, False), ("float16", 64, True),
+        ("bfloat16", 64, True),
+    }  # fmt: skip
+    cache_dtype = kernels.FP8_E4M3 if fp8 else None
+    kernel, ptxas = compile_fresh(
+        kernels, dtype, True, page_size=64, cache_dtype=cache_dtype, split=True
+    )  # fmt: skip
+    source = kernel.get_kernel_source()
+    assert "tl::wgmma_rs<" in source and "tl::tma_load(K_cache_desc" in source
+    assert "float* __restrict__ Output" in source  # the workspace
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+def test_merge_compiles_for_sm90a():
+    kernels = kernel_module()
+    source = kernels.compile_merge("bfloat16").get_kernel_source()
+    assert "bfloat16_t* __restrict__ Output" in source and "float* __restrict__ LSE" in source
+
+
+def test_split_plan_from_shapes():
+    """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 8
+    waves of 132 SMs, shares of at least 4 key tiles of the average sequence, at most 16."""
+    kv_shares = kernel_module().kv_shares
+    # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 3 shares
+    assert kv_shares(16, 16, 2142 * 64, 132) == 3
+    # tests/test_split_kv_gpu.py's batch: 4 sequences, 5 tokens, ~8.8K keys -> 4 (length)
+    assert kv_shares(5, 4, 138 * 64, 132) == 4
+    assert kv_shares(1, 1, 1 << 20, 132) == 16  # one long row: the cap
+    assert kv_shares(64, 64, 64 * 300, 132) == 1  # short contexts: shares under 4 tiles
+    assert kv_shares(17, 4, 1 << 20, 132) == 1  # over 4 tokens a sequence: prefill
+    assert kv_shares(0, 0, 0, 132) == 1
+    assert kernel_module().SPLIT_PAGE_SIZES == (64,)  # page size 1 never splits (yet)
+
+
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
 

@@ -1,6 +1,7 @@
 """Split-KV on the GPU for the backends that split decode-like paged batches (CUDA's
 split_merge.cuh, Triton's split_kv.py, TileLang's gqa_prefill_split.py): a batch their GPU
-plans split, against the reference; then with a page id out of range, the poison survives the shares' merge in its row only.
+plans split, against the reference; then with a page id out of range, the poison survives the
+shares' merge in its row only.
 Run under compute-sanitizer memcheck too (the split kernels and the merge must not read or
 write outside their tensors with a bad page id):
 

@@ -14,7 +14,7 @@ and Scheduler, the block index, the thread index and window_left (None without a
 
 import tilelang.language as T
 
-from .gqa_prefill_steps import HAS_ITEM, HEAD, Q_TILE, SEQ_Q, SHARE
+from .gqa_prefill_steps import HAS_ITEM, HEAD, POISON_SLOT, Q_TILE, SEQ_Q, SHARE
 
 
 def item_steps(
@@ -24,15 +24,16 @@ def item_steps(
     schedule); consumer_threads: the producer warpgroup's first thread; loader_warps: the
     producer warps that load K and V (the first takes the items)."""
     block_M, slot_of, Locate = steps.block_M, steps.slot_of, steps.Locate
-    # The fields read back from item_tile: all but the last, POISON_SLOT (Locate's, HAS_ITEM
-    # and a split variant's share fields).
-    item_fields, POISON_SLOT = steps.item_fields, steps.poison_slot
-    assert POISON_SLOT == item_fields - 1 and HAS_ITEM < POISON_SLOT
+    # The fields read back from item_tile: Locate's and HAS_ITEM (not POISON_SLOT), and a
+    # split variant's share fields.
+    item_fields, split_fields = steps.item_fields, steps.split_fields
 
     @T.macro
     def ReadItem(tile, item_tile, slot):
-        for i in T.serial(POISON_SLOT):  # not POISON_SLOT
+        for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
             tile[i] = item_tile[slot, i]
+        for field in split_fields:
+            tile[field] = item_tile[slot, field]
     CheckBatch, CheckTile, Poison = steps.CheckBatch, steps.CheckTile, steps.Poison
 
     @T.macro

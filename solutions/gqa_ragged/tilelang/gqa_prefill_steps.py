@@ -47,12 +47,11 @@ TILE_FIELDS = 6
 HAS_ITEM = 6  # 1: an item, 0: the block is done
 POISON_SLOT = 7  # in a malformed batch the slot whose rows the item poisons, else -1
 ITEM_FIELDS = 8
-# Split-KV variants (split=True) give an item two more after HAS_ITEM, and POISON_SLOT moves
-# last (SPLIT_POISON_SLOT): the fields read back from the hand-over stay one loop (two loops
-# there made TileLang's sync planner fail on the gathering producer warpgroup).
-SHARE = 7  # the item's key share, 0 .. shares - 1
-SHARE_TILES = 8  # the share's key tiles: bounds caps the item's loop there
-SPLIT_POISON_SLOT = 9
+# Split-KV variants (split=True) give an item two more (SPLIT_FIELDS in all). After
+# POISON_SLOT: with the share fields before it (one read-back loop) TileLang's sync planner
+# failed on the FP8 split program ("a required shared-memory sync inside a divergent region").
+SHARE = 8  # the item's key share, 0 .. shares - 1
+SHARE_TILES = 9  # the share's key tiles: bounds caps the item's loop there
 SPLIT_FIELDS = 10
 
 
@@ -469,8 +468,8 @@ def build_steps(
         dtype=dtype, causal=causal, window=window, block_M=block_M, block_N=block_N,
         kv=kv_source, kernel=kernel, position=position, left_end=left_end, split=split,
         shares=shares, item_fields=SPLIT_FIELDS if split else ITEM_FIELDS, out_row0=out_row0,
-        poison_slot=SPLIT_POISON_SLOT if split else POISON_SLOT,
-        tile_fields=SHARE_TILES + 1 if split else TILE_FIELDS,
+        split_fields=(SHARE, SHARE_TILES) if split else (),
+        tile_fields=SPLIT_FIELDS if split else TILE_FIELDS,
         total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
         Locate=Locate,

@@ -38,13 +38,18 @@ def item_steps(
 
     @T.macro
     def LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done):
-        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done."""
+        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done (pack:
+        gathered by the warp with cp.async, on q_full; head is the KV head)."""
         T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
-        T.tma_copy(
-            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-            Q_shared,
-            barrier=q_full[0],
-        )
+        if steps.pack:
+            steps.GatherQ(Q, Q_shared, q_start + q_tile, head, 32, True)
+            T.call_extern("handle", "tl::mbarrier_cp_async_arrive", q_full[0])
+        else:
+            T.tma_copy(
+                Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                Q_shared,
+                barrier=q_full[0],
+            )
         T.mbarrier_arrive(q_full[0])
 
     @T.macro

@@ -19,7 +19,7 @@ import math
 
 import tilelang.language as T
 
-from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS
+from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
 
 DECODE_TOKENS = 4  # query tokens a sequence (on average) up to which a batch is decode-like
 SHARE_WAVES = 8  # items an SM the shares aim for (dynamic schedule: short items even out)
@@ -27,19 +27,31 @@ MIN_SHARE_TILES = 4  # key tiles of the average sequence a share holds at least
 MAX_SHARES = 16
 MERGE_ROWS = 4  # rows (token x head) a merge block takes: 4 x 128 elements over 128 threads
 MERGE_THREADS = 128
+PACK_BLOCK_M = 64  # GQA head packing's tile rows: 16 tokens x 4 query heads
+
+
+def decode_like(total_q: int, batch: int) -> bool:
+    """Whether a paged batch is decode-like (at most DECODE_TOKENS query tokens a sequence on
+    average), from shapes only: such a batch splits its keys (kv_shares) and packs the query
+    heads of a KV head into one tile (gqa_prefill_steps, pack)."""
+    return batch >= 1 and total_q <= DECODE_TOKENS * batch
 
 
 def kv_shares(total_q: int, batch: int, keys: int, num_sms: int, block_M: int = 128,
-              block_N: int = 128, min_tiles: int = MIN_SHARE_TILES) -> int:  # fmt: skip
+              block_N: int = 128, min_tiles: int = MIN_SHARE_TILES,
+              pack: bool = False) -> int:  # fmt: skip
     """Key shares an item takes for a paged batch, from shapes only (no host sync): 1 unless the
     batch is decode-like (at most DECODE_TOKENS query tokens a sequence on average); then
     enough items for SHARE_WAVES an SM, but no share shorter than min_tiles key tiles of the
     average sequence, at most MAX_SHARES. keys: the page table's entries x page size (an upper
     bound of the batch's keys). Items (unsplit): 32 heads x (batch + total_q // block_M)
-    slots."""
-    if batch < 1 or total_q > DECODE_TOKENS * batch:
+    slots; pack: 8 KV heads x (batch + total_q // (block_M // 4)) slots."""
+    if not decode_like(total_q, batch):
         return 1
-    items = NUM_HEADS * (batch + total_q // block_M)
+    if pack:
+        items = NUM_KV_HEADS * (batch + total_q // (block_M // GROUP_SIZE))
+    else:
+        items = NUM_HEADS * (batch + total_q // block_M)
     by_occupancy = math.ceil(SHARE_WAVES * num_sms / items)
     by_length = keys // batch // (min_tiles * block_N)
     return max(1, min(by_occupancy, by_length, MAX_SHARES))

@@ -21,7 +21,9 @@ writing outside the tensors.
 
 Decode-like paged batches (a few query tokens a sequence) split the keys (gqa_prefill_split):
 the plan picks the share count from shapes, a split kernel writes each share's output and LSE
-into a per-stream fp32 workspace, and a merge kernel writes output and lse.
+into a per-stream fp32 workspace, and a merge kernel writes output and lse. They also pack the
+4 query heads of a KV head into one tile (page size 64: items (token block, KV head), a
+quarter of the items and key tiles).
 """
 
 import torch
@@ -52,15 +54,18 @@ from .gqa_prefill_kernel import (
     HEAD_DIM,
     NUM_HEADS,
     NUM_KV_HEADS,
+    PACK_BLOCK_M,
+    PACK_PAGE_SIZES,
     PAGE_SIZES,
     SPLIT_PAGE_SIZES,
     compile_merge,
     compile_variant,
+    decode_like,
     kv_shares,
 )
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-# (dtype, causal, SM count, page size or None, window, fp8, split) -> compiled kernel
+# (dtype, causal, SM count, page size or None, window, fp8, split, pack) -> compiled kernel
 _kernels = {}
 _merge_kernels = {}  # dtype -> split-KV's compiled merge
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
@@ -133,18 +138,19 @@ def _kernel(
     window: bool = False,
     fp8: bool = False,
     split: bool = False,
+    pack: bool = False,
 ):
     """fp8: the paged kernel (page size 64) over float8_e4m3fn caches; split: its split-KV
-    kernel (the shares into fp32 workspaces)."""
+    kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches)."""
     num_sms = _sm_count(device)
-    key = (dtype, causal, num_sms, page_size, window, fp8, split)
+    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack)
     kernel = _kernels.get(key)
     if kernel is None:
         _check_sm90a(device)
         # The persistent grid takes one block per SM of the device.
         kernel = compile_variant(
             _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window,
-            cache_dtype=FP8_E4M3 if fp8 else None, split=split,
+            cache_dtype=FP8_E4M3 if fp8 else None, split=split, pack=pack,
         )  # fmt: skip
         _kernels[key] = kernel
     return kernel
@@ -335,10 +341,17 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     device = q.get_device()
     # From shapes: the page table's entries x page size bound the keys. Page size 1 does not
     # split: its split program fails TileLang's sync planner (gqa_prefill_split, TUNING.md).
+    # Decode-like batches pack the query heads of a KV head (page size 64).
     shares = 1
+    pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
     if page_size in SPLIT_PAGE_SIZES:
-        shares = kv_shares(total_q, batch, num_kv_indices * page_size, _sm_count(device))
+        shares = kv_shares(
+            total_q, batch, num_kv_indices * page_size, _sm_count(device),
+            **(dict(block_M=PACK_BLOCK_M, pack=True) if pack else {}),
+        )  # fmt: skip
     variant = dict(fp8=True) if fp8 else {}
+    if pack:
+        variant.update(pack=True)
     if shares > 1:
         kernel = _kernel(q.dtype, True, device, page_size, split=True, **variant)
         return kernel, pageless, indexless, num_pages, shares, _merge_kernel(q.dtype, device)

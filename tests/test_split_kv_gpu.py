@@ -29,9 +29,9 @@ SOLUTIONS = [
     ("triton_paged_ps64", 64, False),
     ("triton_paged_ps1", 1, False),
     ("triton_fp8kv", 64, True),
+    # TileLang packs the 4 query heads of a KV head for decode-like batches and splits them,
+    # both page sizes (gqa_prefill_kernel.PACK_PAGE_SIZES).
     ("tilelang_paged_ps64", 64, False),
-    # TileLang's page size 1 does not split yet (gqa_prefill_kernel.SPLIT_PAGE_SIZES): the
-    # unsplit kernel on the same batch.
     ("tilelang_paged_ps1", 1, False),
     ("tilelang_fp8kv", 64, True),
 ]
@@ -50,12 +50,16 @@ def test_triton_plans_split_the_case():
 
 
 def test_tilelang_plans_split_the_case():
-    """Else the TileLang page-size-64 rows below would test the unsplit kernel: the entry's
-    plan (kv_shares, from shapes: 5 tokens, 4 sequences, the page table's entries x 64)."""
+    """Else the TileLang rows below would test the unsplit kernel: the entry's plan (from
+    shapes: 5 tokens, 4 sequences, the page table's entries x page size), packed and split."""
     from test_tilelang_compile import kernel_module
 
-    pages = sum(-(-n // 64) for n in KV_LENS)
-    assert kernel_module().kv_shares(sum(Q_LENS), len(Q_LENS), pages * 64, 132) == 4
+    kernels = kernel_module()
+    assert kernels.decode_like(sum(Q_LENS), len(Q_LENS))
+    for page_size in kernels.PACK_PAGE_SIZES:
+        keys = sum(-(-n // page_size) for n in KV_LENS) * page_size
+        shares = kernels.kv_shares(sum(Q_LENS), len(Q_LENS), keys, 132, block_M=64, pack=True)
+        assert shares == 4, page_size
 
 
 @pytest.mark.gpu

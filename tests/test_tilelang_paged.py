@@ -162,22 +162,27 @@ def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
 
 # GQA head packing's kernels (decode-like batches, page size 64): split (the plan's usual case)
 # and, bfloat16, unsplit (a decode-like batch over short contexts).
-PACK_COMPILED = [("bfloat16", False, True), ("bfloat16", True, True), ("bfloat16", False, False)]
+PACK_COMPILED = [
+    ("bfloat16", 64, False, True), ("bfloat16", 64, True, True), ("bfloat16", 64, False, False),
+    ("bfloat16", 1, False, True),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype,fp8,split", PACK_COMPILED)
-def test_packed_kernels_compile_for_sm90a_without_spills(dtype, fp8, split):
+@pytest.mark.parametrize("dtype,page_size,fp8,split", PACK_COMPILED)
+def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, split):
     """One consumer warpgroup (block_M 64: 256 threads, a pool of 256 registers a thread; the
-    producer 56 or FP8's 72, the consumers 240 or FP8's 216), Q gathered by cp.async on q_full
-    (no Q descriptor), outputs from registers, 0 spills."""
+    producer 56 or FP8's 72, the consumers 240, FP8's 216 or the gather's 224), Q gathered by
+    cp.async on q_full (no Q descriptor), outputs from registers, 0 spills. Page size 1's
+    packed split program passes the sync planner that its unpacked one fails."""
     kernels = kernel_module()
     cache_dtype = kernels.FP8_E4M3 if fp8 else None
     kernel, ptxas = compile_fresh(
-        kernels, dtype, True, page_size=64, cache_dtype=cache_dtype, split=split, pack=True
+        kernels, dtype, True, page_size=page_size, cache_dtype=cache_dtype, split=split,
+        pack=True,
     )  # fmt: skip
     source = kernel.get_kernel_source()
-    assert "__launch_bounds__(256, 1)" in source
-    assert "tl::wgmma_rs<" in source and "tl::tma_load(K_cache_desc" in source
+    assert "__launch_bounds__(256, 1)" in source and "tl::wgmma_rs<" in source
+    assert ("tl::tma_load(K_cache_desc" in source) == (page_size == 64)
     assert "Q_desc" not in source and "tl::mbarrier_cp_async_arrive(q_full[0]);" in source
     assert source.count("tl::cp_async_gs_conditional<16>((&(((bfloat16_t*)Q_shared)") == 1
     assert ("float* __restrict__ Output" in source) == split
@@ -219,7 +224,7 @@ def test_pack_plan_from_shapes():
     # test_split_kv_gpu.py's batch: 8 x 4 = 32 items, ~8.8K keys over 4 sequences -> 4 (length)
     assert kv_shares(5, 4, 138 * 64, 132, block_M=64, pack=True) == 4
     assert kv_shares(17, 4, 1 << 20, 132, block_M=64, pack=True) == 1  # prefill
-    assert kernels.PACK_PAGE_SIZES == (64,)
+    assert kernels.PACK_PAGE_SIZES == (64, 1)
     assert kernels.pack_config()["block_M"] == 64
 
 
@@ -290,8 +295,7 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     forced_pack = pack
 
     def kernel(dtype, causal, device, page_size, split=False, pack=False):
-        # Page size 64 packs what the test calls decode-like (page size 1 never packs).
-        assert pack == (forced_pack if page_size == 64 and forced_pack is not None else pack)
+        assert forced_pack is None or pack == forced_pack  # both page sizes pack
         tiles = CPU_PAGED_CONFIGS[page_size][config]
         if tiles is None:  # the ws program's tiles through the pipelined one
             config_of = kernels.pack_config if pack else kernels.block_config
@@ -413,11 +417,16 @@ def test_split_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, mo
 
 
 # GQA head packing on the CPU: every batch through the packed program (rows (token, query
-# head), 4 tokens a tile of 16 rows, or the solution's 16 of 64), unsplit and split into 3.
+# head): 4 tokens a tile of 16 rows, 8 of 32, or the solution's 16 of 64), unsplit and split
+# into 3, both page sizes.
+PACK_CPU_CONFIGS = {
+    64: (("tiles16x64", 1), ("tiles16x64", 3), ("solution_tiles", 3)),
+    1: (("tiles16x32", 1), ("tiles32x16", 3), ("solution_tiles", 3)),
+}
 PACK_CPU_PARAMS = [
     pytest.param(case, config, shares, id=f"{case.id}-{config}-{shares}")
-    for case in SPLIT_CPU_CASES
-    for config, shares in (("tiles16x64", 1), ("tiles16x64", 3), ("solution_tiles", 3))
+    for case in SPLIT_CPU_CASES + [c for c in CPU_PAGED_CASES if c.page_size == 1]
+    for config, shares in PACK_CPU_CONFIGS[case.page_size]
 ]
 
 
@@ -437,19 +446,18 @@ def test_packed_program_on_cpu_matches_reference(case, config, shares, cpu_paged
 
 @needs_packed
 @pytest.mark.parametrize("shares", [1, 3])
-@pytest.mark.parametrize(
-    "batch", [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 64], ids=lambda b: b.id
-)
+@pytest.mark.parametrize("batch", MALFORMED_PAGED_BATCHES, ids=lambda b: b.id)
 def test_packed_program_on_cpu_with_malformed_tables(batch, shares, cpu_paged_kernels,
                                                      monkeypatch):  # fmt: skip
     """A packed item poisons its token block's uncovered rows in all 4 query heads of its KV
     head; a bad page id NaNs the item's rows (every head of the group)."""
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, 64, "tiles16x64", shares, pack=True)
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, shares, pack=True)
     inputs = malformed_paged_inputs(batch, "cpu", seed=4)
     expected = malformed_paged_expected(batch, inputs)
     output = torch.full_like(inputs[0], -7.0)
     lse = torch.full(inputs[0].shape[:2], -7.0)
-    build_solution(solution_of(64))(*inputs, output, lse)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
     assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
     check_malformed_paged_outputs([output, lse], expected)
 

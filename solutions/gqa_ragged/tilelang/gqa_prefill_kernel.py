@@ -55,7 +55,8 @@ SPLIT_VARIANTS = [
 ] + [(dtype, 64, True) for dtype in FP8_VARIANTS]
 # GQA head packing (decode-like paged batches: gqa_prefill_split.decode_like) for the page sizes
 # here, 16-bit and FP8 caches (FP8: page size 64), split or not: (dtype, page size, FP8 caches).
-PACK_PAGE_SIZES = (64,)
+# Page size 1's packed split program passes TileLang's sync planner (its unpacked one does not).
+PACK_PAGE_SIZES = (64, 1)
 PACK_VARIANTS = [
     (dtype, size, False) for dtype, size in PAGED_VARIANTS if size in PACK_PAGE_SIZES
 ] + [(dtype, 64, True) for dtype in FP8_VARIANTS]

@@ -22,8 +22,8 @@ writing outside the tensors.
 Decode-like paged batches (a few query tokens a sequence) split the keys (gqa_prefill_split):
 the plan picks the share count from shapes, a split kernel writes each share's output and LSE
 into a per-stream fp32 workspace, and a merge kernel writes output and lse. They also pack the
-4 query heads of a KV head into one tile (page size 64: items (token block, KV head), a
-quarter of the items and key tiles).
+4 query heads of a KV head into one tile (items (token block, KV head): a quarter of the items
+and key tiles).
 """
 
 import torch
@@ -339,12 +339,12 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
     device = q.get_device()
-    # From shapes: the page table's entries x page size bound the keys. Page size 1 does not
+    # From shapes: the page table's entries x page size bound the keys. Decode-like batches pack
+    # the query heads of a KV head and split (both page sizes); unpacked, page size 1 does not
     # split: its split program fails TileLang's sync planner (gqa_prefill_split, TUNING.md).
-    # Decode-like batches pack the query heads of a KV head (page size 64).
     shares = 1
     pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
-    if page_size in SPLIT_PAGE_SIZES:
+    if pack or page_size in SPLIT_PAGE_SIZES:
         shares = kv_shares(
             total_q, batch, num_kv_indices * page_size, _sm_count(device),
             **(dict(block_M=PACK_BLOCK_M, pack=True) if pack else {}),

@@ -11,7 +11,8 @@ VARIANTS = [
     dict(page_size=page_size, **flags)
     for page_size, flags in [
         (64, {}), (64, dict(split=True, pack=True)), (64, dict(pack=True)), (1, {}),
-        (64, dict(fp8=True)), (64, dict(fp8=True, split=True, pack=True)),
+        (1, dict(split=True, pack=True)), (64, dict(fp8=True)),
+        (64, dict(fp8=True, split=True, pack=True)),
     ]
 ]  # fmt: skip
 
@@ -43,6 +44,6 @@ if __name__ == "__main__":
 
     sys.path.insert(0, "tests")
     jobs = [(d, v) for d in ("bfloat16", "float16") for v in VARIANTS + ["merge"]]
-    with mp.get_context("spawn").Pool(min(len(jobs), 14)) as pool:
+    with mp.get_context("spawn").Pool(min(len(jobs), 16)) as pool:
         for line in pool.imap_unordered(build, jobs):
             print(line, flush=True)

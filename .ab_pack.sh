@@ -10,8 +10,8 @@ echo "== 1. build: the paged kernels (unsplit, packed split, packed unsplit, FP8
 echo "      one process each, then the solutions' warm-up (cache hits)"
 PYTHONPATH=.:tests timeout 150 python .ab_pack_warm.py
 timeout 60 python scripts/prebuild_gpu.py $SOL
-echo "== 2. GPU tests (split and packed batches, paged, fp8, solution matrix)"
-timeout 120 python -m pytest -q -p no:cacheprovider -x tests/test_split_kv_gpu.py \
+echo "== 2. GPU tests (-m gpu: split and packed batches, paged, fp8, solution matrix)"
+timeout 120 python -m pytest -q -p no:cacheprovider -x -m gpu tests/test_split_kv_gpu.py \
   tests/test_tilelang_paged.py tests/test_tilelang_fp8.py tests/test_solutions.py \
   -k "tilelang and (paged or fp8 or split)" 2>&1 | tail -25
 echo "== 3. memcheck on the packed split path (bad page id through the shares and the merge)"

@@ -42,6 +42,7 @@ TILELANG_SOURCES = (
     "gqa_prefill_steps.py",
     "gqa_prefill_ws.py",
     "gqa_prefill_pipelined.py",
+    "gqa_prefill_split.py",
 )
 CUDA_SOURCES = (
     "prefill_entry.cu",

@@ -24,10 +24,14 @@ def warm(name: str) -> str:
     elif name.endswith("_swa"):
         cases = [RaggedCase((300, 5), (300, 40), d, window_left=64) for d in dtypes]
     elif name.endswith("_fp8kv"):
-        cases = [PagedCase((100, 7), (300, 70), 64, fp8_scales=(0.5, 1.25))]
+        # and decode-like rows, which the plans split (split kernels, merge)
+        cases = [PagedCase((100, 7), (300, 70), 64, fp8_scales=(0.5, 1.25)),
+                 PagedCase((1, 1, 2, 1), (3000, 700, 5000, 64), 64, fp8_scales=(0.5, 1.25))]
     elif "_paged_ps" in name:
         page_size = int(name.rsplit("ps", 1)[1])
-        cases = [PagedCase((100, 7), (300, 70), page_size, d) for d in dtypes]
+        cases = [PagedCase(q_lens, kv_lens, page_size, d) for d in dtypes
+                 for q_lens, kv_lens in (((100, 7), (300, 70)),
+                                         ((1, 1, 2, 1), (3000, 700, 5000, 64)))]
     else:
         cases = [RaggedCase((300, 5), (300, 40), d) for d in dtypes]
     try:

@@ -1,6 +1,7 @@
-"""Split-KV on the GPU for both backends that split decode-like paged batches (CUDA's
-split_merge.cuh, Triton's split_kv.py): a batch their GPU plans split, against the reference;
-then with a page id out of range, the poison survives the shares' merge in its row only.
+"""Split-KV on the GPU for the backends that split decode-like paged batches (CUDA's
+split_merge.cuh, Triton's split_kv.py, TileLang's gqa_prefill_split.py): a batch their GPU
+plans split, against the reference; then with a page id out of range, the poison survives the
+shares' merge in its row only.
 Run under compute-sanitizer memcheck too (the split kernels and the merge must not read or
 write outside their tensors with a bad page id):
 
@@ -28,6 +29,11 @@ SOLUTIONS = [
     ("triton_paged_ps64", 64, False),
     ("triton_paged_ps1", 1, False),
     ("triton_fp8kv", 64, True),
+    # TileLang packs the 4 query heads of a KV head for decode-like batches and splits them,
+    # both page sizes (gqa_prefill_kernel.PACK_PAGE_SIZES).
+    ("tilelang_paged_ps64", 64, False),
+    ("tilelang_paged_ps1", 1, False),
+    ("tilelang_fp8kv", 64, True),
 ]
 
 
@@ -41,6 +47,19 @@ def test_triton_plans_split_the_case():
         pytest.skip("the GPU's plan")
     tokens_per_seq = sum(Q_LENS) / len(Q_LENS)
     assert module._kv_splits(tokens_per_seq, len(Q_LENS), sum(KV_LENS), 64, 132) == 4
+
+
+def test_tilelang_plans_split_the_case():
+    """Else the TileLang rows below would test the unsplit kernel: the entry's plan (from
+    shapes: 5 tokens, 4 sequences, the page table's entries x page size), packed and split."""
+    from test_tilelang_compile import kernel_module
+
+    kernels = kernel_module()
+    assert kernels.decode_like(sum(Q_LENS), len(Q_LENS))
+    for page_size in kernels.PACK_PAGE_SIZES:
+        keys = sum(-(-n // page_size) for n in KV_LENS) * page_size
+        shares = kernels.kv_shares(sum(Q_LENS), len(Q_LENS), keys, 132, block_M=64, pack=True)
+        assert shares == 4, page_size
 
 
 @pytest.mark.gpu

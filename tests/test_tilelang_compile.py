@@ -170,6 +170,7 @@ KERNEL_FILES = (
     "gqa_prefill_ws.py",
     "gqa_prefill_items.py",
     "gqa_prefill_pipelined.py",
+    "gqa_prefill_split.py",
 )
 
 
@@ -249,6 +250,18 @@ def cpu_programs(tmp_path_factory, tag: str):
             )
         return cache[key]
 
+    def merge():
+        """Split-KV's merge program (float16), compiled for the CPU once per test module."""
+        if "merge" not in cache:
+            cache["merge"] = tilelang.compile(
+                module.merge_shares("float16"),
+                target="c",
+                execution_backend="cython",
+                pass_configs={"tirx.disable_vectorize": True},
+            )
+        return cache["merge"]
+
+    get.merge = merge
     return get
 
 

@@ -220,10 +220,13 @@ def recorded_launches(monkeypatch):
         monkeypatch.setattr(entry, name, check)
     launches = []
 
-    def kernel(dtype, causal, device, page_size=None, window=False, fp8=False):
-        return lambda *args: launches.append(((dtype, causal, page_size, fp8), args))
+    def kernel(dtype, causal, device, page_size=None, window=False, fp8=False, split=False,
+               pack=False):  # fmt: skip
+        return lambda *args: launches.append(((dtype, causal, page_size, fp8, split, pack), args))
 
     monkeypatch.setattr(entry, "_kernel", kernel)
+    # The plan's: nothing splits (fp8_args' batches are decode-like: packed, keys too short).
+    monkeypatch.setattr(entry, "_sm_count", lambda device: 132)
     monkeypatch.setattr(entry, "_fp8_plans", contract.PlanCache())
     monkeypatch.setattr(entry, "_paged_plans", {p: contract.PlanCache() for p in (1, 64)})
     monkeypatch.setattr(entry, "_scheduler", lambda device: torch.zeros(2, dtype=torch.int32))
@@ -236,7 +239,8 @@ def test_fp8_entry_folds_the_scales(sm_scale, recorded_launches):
     args = fp8_args(sm_scale=sm_scale, k_scale=2.0, v_scale=-0.75)
     build_solution(SOLUTION)(*args.values())
     (variant, launched), = recorded_launches  # fmt: skip
-    assert variant == (BF16, True, 64, True)  # the FP8 kernel, not the 16-bit one
+    # The FP8 kernel, not the 16-bit one; 4 tokens over 2 sequences: packed, 1 share.
+    assert variant == (BF16, True, 64, True, False, True)
     q, k_cache, *rest = launched
     scale, v_scale = rest[-5], rest[-4]  # ... num_pages, sm_scale, v_scale, output, lse, sched
     assert k_cache.dtype == FP8 and v_scale == -0.75

@@ -46,7 +46,7 @@ from prefill_bundle.testing import (
     run_solution,
 )
 
-F16 = torch.float16
+F16, F32 = torch.float16, torch.float32
 HAS_CUDA = torch.cuda.is_available()
 # The entry-point tests need packing.py's TileLang paged specs (their Solution JSON).
 PACKED = {s.name for s in SOLUTIONS} >= {"tilelang_paged_ps1", "tilelang_paged_ps64"}
@@ -144,13 +144,111 @@ def test_paged_code_carries_no_fp8_policy(dtype):
     assert "(((int64_t)k_page_stride) * (int64_t)2)" in host
 
 
+# Split-KV's kernels (decode-like batches, page size 64: 16-bit and FP8) and the merge.
+SPLIT_COMPILED = [("bfloat16", False), ("bfloat16", True)]
+
+
+@pytest.mark.parametrize("dtype,fp8", SPLIT_COMPILED)
+def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
+    """The split program: the shares' fp32 outputs go out from registers (no output buffer),
+    the register split and the 0-spill budget of the unsplit kernel hold."""
+    kernels = kernel_module()
+    assert {(d, p, f) for d, p, f in kernels.SPLIT_VARIANTS} == {
+        ("float16", 64, False), ("bfloat16", 64, False), ("float16", 64, True),
+        ("bfloat16", 64, True),
+    }  # fmt: skip
+    cache_dtype = kernels.FP8_E4M3 if fp8 else None
+    kernel, ptxas = compile_fresh(
+        kernels, dtype, True, page_size=64, cache_dtype=cache_dtype, split=True
+    )  # fmt: skip
+    source = kernel.get_kernel_source()
+    assert "tl::wgmma_rs<" in source and "tl::tma_load(K_cache_desc" in source
+    assert "float* __restrict__ Output" in source  # the workspace
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+# GQA head packing's kernels (decode-like batches, page size 64): split (the plan's usual case)
+# and, bfloat16, unsplit (a decode-like batch over short contexts).
+PACK_COMPILED = [
+    ("bfloat16", 64, False, True), ("bfloat16", 64, True, True), ("bfloat16", 64, False, False),
+    ("bfloat16", 1, False, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,page_size,fp8,split", PACK_COMPILED)
+def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, split):
+    """One consumer warpgroup (block_M 64: 256 threads, a pool of 256 registers a thread; the
+    producer 56 or FP8's 72, the consumers 240, FP8's 216 or the gather's 224), Q gathered by
+    cp.async on q_full (no Q descriptor), outputs from registers, 0 spills. Page size 1's
+    packed split program passes the sync planner that its unpacked one fails."""
+    kernels = kernel_module()
+    cache_dtype = kernels.FP8_E4M3 if fp8 else None
+    kernel, ptxas = compile_fresh(
+        kernels, dtype, True, page_size=page_size, cache_dtype=cache_dtype, split=split,
+        pack=True,
+    )  # fmt: skip
+    source = kernel.get_kernel_source()
+    assert "__launch_bounds__(256, 1)" in source and "tl::wgmma_rs<" in source
+    assert ("tl::tma_load(K_cache_desc" in source) == (page_size == 64)
+    assert "Q_desc" not in source and "tl::mbarrier_cp_async_arrive(q_full[0]);" in source
+    assert source.count("tl::cp_async_gs_conditional<16>((&(((bfloat16_t*)Q_shared)") == 1
+    assert ("float* __restrict__ Output" in source) == split
+    assert "tl::warpgroup_reg_dealloc<%d>" % (72 if fp8 else 56) in source
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+def test_merge_compiles_for_sm90a():
+    kernels = kernel_module()
+    source = kernels.compile_merge("bfloat16").get_kernel_source()
+    assert "bfloat16_t* __restrict__ Output" in source and "float* __restrict__ LSE" in source
+
+
+def test_split_plan_from_shapes():
+    """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 8
+    waves of 132 SMs, shares of at least 4 key tiles of the average sequence, at most 16."""
+    kv_shares = kernel_module().kv_shares
+    # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 3 shares
+    assert kv_shares(16, 16, 2142 * 64, 132) == 3
+    # tests/test_split_kv_gpu.py's batch: 4 sequences, 5 tokens, ~8.8K keys -> 4 (length)
+    assert kv_shares(5, 4, 138 * 64, 132) == 4
+    assert kv_shares(1, 1, 1 << 20, 132) == 16  # one long row: the cap
+    assert kv_shares(64, 64, 64 * 300, 132) == 1  # short contexts: shares under 4 tiles
+    assert kv_shares(17, 4, 1 << 20, 132) == 1  # over 4 tokens a sequence: prefill
+    assert kv_shares(0, 0, 0, 132) == 1
+    assert kernel_module().SPLIT_PAGE_SIZES == (64,)  # page size 1 never splits (yet)
+
+
+def test_pack_plan_from_shapes():
+    """GQA head packing for decode-like batches only (at most 4 query tokens a sequence on
+    average, shapes only); a packed item is (16-token block, KV head): 8 x (batch + total_q //
+    16) items, so the shares for 8 items an SM grow."""
+    kernels = kernel_module()
+    decode_like, kv_shares = kernels.decode_like, kernels.kv_shares
+    assert decode_like(16, 16) and decode_like(5, 4) and decode_like(64, 16)
+    assert not decode_like(65, 16) and not decode_like(0, 0) and not decode_like(300, 2)
+    # single_token_rows_16: 8 x 17 = 136 items -> 8 shares (shares of 4.5-14 key tiles)
+    assert kv_shares(16, 16, 2142 * 64, 132, block_M=64, pack=True) == 8
+    # test_split_kv_gpu.py's batch: 8 x 4 = 32 items, ~8.8K keys over 4 sequences -> 4 (length)
+    assert kv_shares(5, 4, 138 * 64, 132, block_M=64, pack=True) == 4
+    assert kv_shares(17, 4, 1 << 20, 132, block_M=64, pack=True) == 1  # prefill
+    assert kernels.PACK_PAGE_SIZES == (64, 1)
+    assert kernels.pack_config()["block_M"] == 64
+
+
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
 
 @pytest.fixture(scope="module")
 def cpu_paged_kernels(tmp_path_factory):
     get = cpu_programs(tmp_path_factory, "paged")
-    return lambda page_size, config: get(config, page_size=page_size)
+
+    def paged(page_size, config, split=False, pack=False):
+        flags = dict(split=split, pack=pack)
+        return get(config, page_size=page_size, **{k: True for k, v in flags.items() if v})
+
+    paged.merge = get.merge
+    return paged
 
 
 def _paged_launcher(kernel):
@@ -160,7 +258,8 @@ def _paged_launcher(kernel):
     def launch(q, k_cache, v_cache, *rest):
         *indices, output, lse, scheduler = rest
         q, k_cache, v_cache = (x.to(F16).contiguous() for x in (q, k_cache, v_cache))
-        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        # fp32: a split kernel's workspace
+        output16 = output if output.dtype in (F16, F32) else torch.empty_like(output, dtype=F16)
         kernel(q, k_cache, v_cache, *indices, output16, lse, scheduler)
         output.copy_(output16)
 
@@ -182,19 +281,49 @@ CPU_PAGED_CONFIGS = {
 }
 
 
-def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str) -> None:
-    """Point the packed paged entry at the CPU program with config's tiles, its device checks
-    told that CPU tensors are fine, and no plan from an earlier test."""
-    entry = entry_module(solution_of(page_size))
-    block_config = kernel_module().block_config
+def _merge_launcher(kernel):
+    """A stand-in for split-KV's compiled merge; bfloat16 output via float16."""
 
-    def kernel(dtype, causal, device, page_size):
+    def launch(parts, part_lse, output, lse):
+        output16 = output if output.dtype == F16 else torch.empty_like(output, dtype=F16)
+        kernel(parts, part_lse, output16, lse)
+        output.copy_(output16)
+
+    return launch
+
+
+def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str,
+                     shares: int = None, pack: bool = None) -> None:  # fmt: skip
+    """Point the packed paged entry at the CPU program with config's tiles, its device checks
+    told that CPU tensors are fine, and no plan from an earlier test. shares: every batch split
+    into that many key shares (None: the entry's own plan, for an H100's 132 SMs); pack: every
+    batch decode-like or none (GQA head packing; None: the entry's own test)."""
+    entry = entry_module(solution_of(page_size))
+    kernels = kernel_module()
+    forced_pack = pack
+
+    def kernel(dtype, causal, device, page_size, split=False, pack=False):
+        assert forced_pack is None or pack == forced_pack  # both page sizes pack
         tiles = CPU_PAGED_CONFIGS[page_size][config]
         if tiles is None:  # the ws program's tiles through the pipelined one
-            tiles = dict(block_config(entry._DTYPES[dtype], causal))
+            config_of = kernels.pack_config if pack else kernels.block_config
+            tiles = dict(config_of() if pack else config_of(entry._DTYPES[dtype], causal))
             for knob in ("ws", "pingpong", "persistent"):
                 tiles.pop(knob, None)
-        return _paged_launcher(cpu_paged_kernels(page_size, tiles))
+        return _paged_launcher(cpu_paged_kernels(page_size, tiles, split, pack))
+
+    def workspace(device, rows):
+        return torch.empty(rows, NUM_HEADS, HEAD_DIM), torch.empty(rows, NUM_HEADS)
+
+    monkeypatch.setattr(entry, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(entry, "_workspace", workspace)
+    monkeypatch.setattr(
+        entry, "_merge_kernel", lambda dtype, device: _merge_launcher(cpu_paged_kernels.merge())
+    )  # fmt: skip
+    if shares is not None:
+        monkeypatch.setattr(entry, "kv_shares", lambda *shapes, **tiles: shares)
+    if pack is not None:
+        monkeypatch.setattr(entry, "decode_like", lambda *shapes: pack)
 
     contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
     for name in ("check_layout", "check_placement"):
@@ -234,6 +363,104 @@ def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, mo
     row of a malformed sequence NaN, every row written."""
     config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
     run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config)
+    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)
+
+
+# Split-KV on the CPU: every batch through the split program (its shares' workspaces, then the
+# merge), 3 shares (the empty shares of a short sequence included) or 4; unpacked (the entry
+# packs decode-like batches: the packed tests below).
+# Page size 64 only: page size 1 does not split (gqa_prefill_kernel.SPLIT_PAGE_SIZES).
+SPLIT_CPU_CASES = [c for c in CPU_PAGED_CASES if c.page_size == 64] + [
+    PagedCase((1, 1, 2, 1), (300, 70, 500, 6), 64),
+]
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "case,config,shares",
+    [
+        pytest.param(case, config, 3 + i % 2, id=f"{case.id}-{config}-{3 + i % 2}")
+        for i, (case, config) in enumerate(
+            (case, config)
+            for case in SPLIT_CPU_CASES
+            for config in CPU_PAGED_CONFIGS[case.page_size]
+            if config != "solution_tiles"
+        )
+    ],
+)
+def test_split_program_on_cpu_matches_reference(case, config, shares, cpu_paged_kernels,
+                                                monkeypatch):  # fmt: skip
+    """The shares' key ranges cover every key once (short sequences leave shares empty: 0 and
+    -inf, weighed 0), the causal offset survives the clip, the merge recombines them."""
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config, shares, pack=False)
+    inputs = make_inputs(case, "cpu")
+    check_outputs(
+        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
+        reference_outputs(case, inputs),
+    )
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "batch", [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 64], ids=lambda b: b.id
+)
+def test_split_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
+    """As unsplit: every share of a poisoned row NaN (bad page ids: the share that meets one),
+    so the merged row is NaN; other rows right."""
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, 3, pack=False)
+    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)
+
+
+# GQA head packing on the CPU: every batch through the packed program (rows (token, query
+# head): 4 tokens a tile of 16 rows, 8 of 32, or the solution's 16 of 64), unsplit and split
+# into 3, both page sizes.
+PACK_CPU_CONFIGS = {
+    64: (("tiles16x64", 1), ("tiles16x64", 3), ("solution_tiles", 3)),
+    1: (("tiles16x32", 1), ("tiles32x16", 3), ("solution_tiles", 3)),
+}
+PACK_CPU_PARAMS = [
+    pytest.param(case, config, shares, id=f"{case.id}-{config}-{shares}")
+    for case in SPLIT_CPU_CASES + [c for c in CPU_PAGED_CASES if c.page_size == 1]
+    for config, shares in PACK_CPU_CONFIGS[case.page_size]
+]
+
+
+@needs_packed
+@pytest.mark.parametrize("case,config,shares", PACK_CPU_PARAMS)
+def test_packed_program_on_cpu_matches_reference(case, config, shares, cpu_paged_kernels,
+                                                 monkeypatch):  # fmt: skip
+    """Each row's token (its causal position) and query head, Q rows past total_q zero, the
+    stores of rows past a sequence skipped; split: the workspace's unpacked rows merge."""
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config, shares, pack=True)
+    inputs = make_inputs(case, "cpu")
+    check_outputs(
+        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
+        reference_outputs(case, inputs),
+    )
+
+
+@needs_packed
+@pytest.mark.parametrize("shares", [1, 3])
+@pytest.mark.parametrize("batch", MALFORMED_PAGED_BATCHES, ids=lambda b: b.id)
+def test_packed_program_on_cpu_with_malformed_tables(batch, shares, cpu_paged_kernels,
+                                                     monkeypatch):  # fmt: skip
+    """A packed item poisons its token block's uncovered rows in all 4 query heads of its KV
+    head; a bad page id NaNs the item's rows (every head of the group)."""
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, shares, pack=True)
     inputs = malformed_paged_inputs(batch, "cpu", seed=4)
     expected = malformed_paged_expected(batch, inputs)
     output = torch.full_like(inputs[0], -7.0)

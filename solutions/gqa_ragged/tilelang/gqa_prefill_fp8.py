@@ -100,8 +100,8 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
             page_count: T.int32,
             sm_scale: T.float32,
             v_scale: T.float32,
-            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-            LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+            Output: T.Tensor([dims.out_rows, NUM_HEADS, HEAD_DIM], dims.out_dtype),
+            LSE: T.Tensor([dims.out_rows, NUM_HEADS], dims.accum_dtype),
             Scheduler: T.Tensor([2], T.int32),
         ):
             kv = (

@@ -14,7 +14,7 @@ and Scheduler, the block index, the thread index and window_left (None without a
 
 import tilelang.language as T
 
-from .gqa_prefill_steps import HAS_ITEM, HEAD, ITEM_FIELDS, POISON_SLOT, Q_TILE, SEQ_Q
+from .gqa_prefill_steps import HAS_ITEM, HEAD, POISON_SLOT, Q_TILE, SEQ_Q, SHARE
 
 
 def item_steps(
@@ -24,17 +24,32 @@ def item_steps(
     schedule); consumer_threads: the producer warpgroup's first thread; loader_warps: the
     producer warps that load K and V (the first takes the items)."""
     block_M, slot_of, Locate = steps.block_M, steps.slot_of, steps.Locate
+    # The fields read back from item_tile: Locate's and HAS_ITEM (not POISON_SLOT), and a
+    # split variant's share fields.
+    item_fields, split_fields = steps.item_fields, steps.split_fields
+
+    @T.macro
+    def ReadItem(tile, item_tile, slot):
+        for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
+            tile[i] = item_tile[slot, i]
+        for field in split_fields:
+            tile[field] = item_tile[slot, field]
     CheckBatch, CheckTile, Poison = steps.CheckBatch, steps.CheckTile, steps.Poison
 
     @T.macro
     def LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done):
-        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done."""
+        """Producer warp: Q of one item into Q_shared once the last item's Q K^T are done (pack:
+        gathered by the warp with cp.async, on q_full; head is the KV head)."""
         T.mbarrier_wait_parity(q_empty[0], (items_done[0] & 1) ^ 1)
-        T.tma_copy(
-            Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
-            Q_shared,
-            barrier=q_full[0],
-        )
+        if steps.pack:
+            steps.GatherQ(Q, Q_shared, q_start + q_tile, head, 32, True)
+            T.call_extern("handle", "tl::mbarrier_cp_async_arrive", q_full[0])
+        else:
+            T.tma_copy(
+                Q[q_start + q_tile : q_start + q_tile + block_M, head, :],
+                Q_shared,
+                barrier=q_full[0],
+            )
         T.mbarrier_arrive(q_full[0])
 
     @T.macro
@@ -65,7 +80,7 @@ def item_steps(
             if batch_ok[0] == 0:
                 tile[POISON_SLOT] = slot_of(item)
         if tx == consumer_threads:  # one writer: no barrier within the warp
-            for i in T.serial(ITEM_FIELDS):
+            for i in T.serial(item_fields):
                 item_tile[slot, i] = tile[i]
         T.mbarrier_arrive(item_full[slot])
         return item
@@ -116,8 +131,7 @@ def item_steps(
             T.mbarrier_wait_parity(item_full[slot], (fetched[0] // 2) & 1)
             if item_tile[slot, POISON_SLOT] >= 0:  # the consumers check the item
                 T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
-            for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
-                tile[i] = item_tile[slot, i]
+            ReadItem(tile, item_tile, slot)
             if tx >= consumer_threads + 32:
                 T.mbarrier_arrive(item_empty[slot])
             fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
@@ -151,13 +165,13 @@ def item_steps(
                     item_tile[slot, SEQ_Q] = 0
                     item_tile[slot, Q_TILE] = 0
                 T.mbarrier_arrive(item_checked[slot])
+            share_row0 = steps.out_row0(item_tile[slot, SHARE]) if steps.split else None
             Poison(
                 indptr, Output, LSE, item_tile[slot, POISON_SLOT], item_tile[slot, HEAD],
-                tx, consumer_threads, seq, ok,
+                tx, consumer_threads, seq, ok, share_row0,
             )  # fmt: skip
             T.mbarrier_wait_parity(item_checked[slot], (fetched[0] // 2) & 1)
-        for i in T.serial(HAS_ITEM + 1):  # not POISON_SLOT
-            tile[i] = item_tile[slot, i]
+        ReadItem(tile, item_tile, slot)
         T.mbarrier_arrive(item_empty[slot])
         fetched[0] = T.if_then_else(tile[HAS_ITEM] == 1, fetched[0] + 1, -1)
 

@@ -22,12 +22,14 @@ import tilelang
 
 from .gqa_prefill_fp8 import FP8_E4M3
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
+from .gqa_prefill_split import PACK_BLOCK_M, decode_like, kv_shares, merge_shares
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
 __all__ = [
-    "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PAGE_SIZES", "block_config",
-    "compile_variant",
+    "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PACK_PAGE_SIZES", "PACK_VARIANTS",
+    "PAGE_SIZES", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS", "block_config",
+    "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
 ]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
@@ -43,6 +45,21 @@ WINDOW_VARIANTS = ["float16", "bfloat16"]
 # q's dtype of the FP8-cache kernels (causal, page size 64, float8_e4m3fn caches):
 # run_paged_ps64_fp8kv.
 FP8_VARIANTS = ["float16", "bfloat16"]
+# Split-KV (decode-like paged batches: gqa_prefill_split) runs a split kernel of the page-size-64
+# variants, 16-bit and FP8: (dtype, page size, FP8 caches). Page size 1's split program fails
+# TileLang 0.1.15's sync planner ("a required shared-memory sync inside a divergent region with
+# 209 participating threads"): it does not split yet (TUNING.md).
+SPLIT_PAGE_SIZES = (64,)
+SPLIT_VARIANTS = [
+    (dtype, size, False) for dtype, size in PAGED_VARIANTS if size in SPLIT_PAGE_SIZES
+] + [(dtype, 64, True) for dtype in FP8_VARIANTS]
+# GQA head packing (decode-like paged batches: gqa_prefill_split.decode_like) for the page sizes
+# here, 16-bit and FP8 caches (FP8: page size 64), split or not: (dtype, page size, FP8 caches).
+# Page size 1's packed split program passes TileLang's sync planner (its unpacked one does not).
+PACK_PAGE_SIZES = (64, 1)
+PACK_VARIANTS = [
+    (dtype, size, False) for dtype, size in PAGED_VARIANTS if size in PACK_PAGE_SIZES
+] + [(dtype, 64, True) for dtype in FP8_VARIANTS]
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
@@ -56,6 +73,13 @@ def block_config(dtype: str, causal: bool) -> dict:
     if causal:
         return dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True)
     return dict(block_M=128, block_N=176, num_stages=2, ws=True)
+
+
+def pack_config() -> dict:
+    """GQA head packing's tiles: 64 rows (16 tokens x 4 query heads), one consumer warpgroup
+    (a decode-like tile has 4-16 useful rows: a 128-row tile's second warpgroup would compute
+    padding only; TUNING.md, GQA head packing)."""
+    return dict(block_M=PACK_BLOCK_M, block_N=128, num_stages=2, ws=True, persistent=True)
 
 
 def gqa_prefill(
@@ -73,6 +97,8 @@ def gqa_prefill(
     page_size: int = None,
     window: bool = False,
     cache_dtype: str = None,
+    split: bool = False,
+    pack: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -98,6 +124,13 @@ def gqa_prefill(
     cache_dtype FP8_E4M3 (page size 64, ws): FP8 caches, the kernel's float32 v_scale after
     sm_scale multiplying the output (gqa_prefill_fp8).
 
+    split (paged, causal): split-KV, Output and LSE fp32 workspaces of shares * total_q rows,
+    each share's normalised output and LSE (gqa_prefill_steps.build_steps), which
+    gqa_prefill_split's merge program combines into the definition's output and lse.
+
+    pack (paged, causal): GQA head packing, items (token block, KV head), a tile's rows the
+    (token, query head) pairs of block_M // 4 tokens (gqa_prefill_steps.build_steps).
+
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
 
@@ -111,7 +144,9 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
-    steps = build_steps(dtype, causal, block_M, block_N, page_size, window, cache_dtype)
+    steps = build_steps(
+        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack
+    )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
@@ -129,14 +164,24 @@ def compile_variant(
     page_size: int = None,
     window: bool = False,
     cache_dtype: str = None,
+    split: bool = False,
+    pack: bool = False,
     **config,
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
-    sliding-window kernel; cache_dtype: FP8 caches); config defaults to
-    block_config(dtype, causal)."""
-    config = config or block_config(dtype, causal)
-    func = gqa_prefill(
-        dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
-        cache_dtype=cache_dtype, **config,
-    )  # fmt: skip
+    sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
+    workspaces; pack: GQA head packing); config defaults to block_config(dtype, causal), packed
+    to pack_config()."""
+    config = config or (pack_config() if pack else block_config(dtype, causal))
+    variant = dict(page_size=page_size, window=window, cache_dtype=cache_dtype)
+    if split:  # only then: the other variants' programs are built exactly as before
+        variant.update(split=True)
+    if pack:
+        variant.update(pack=True)
+    func = gqa_prefill(dtype, causal, num_sms=num_sms, **variant, **config)
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)
+
+
+def compile_merge(dtype: str, target=SM90A):
+    """Lower and compile split-KV's merge (gqa_prefill_split.merge_shares) for q's dtype."""
+    return tilelang.compile(merge_shares(dtype), target=target, pass_configs=PASS_CONFIGS)

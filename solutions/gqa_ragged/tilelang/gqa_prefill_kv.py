@@ -141,8 +141,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
                 kv_rows: T.int32,
                 page_count: T.int32,
                 sm_scale: T.float32,
-                Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-                LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+                Output: T.Tensor([dims.out_rows, NUM_HEADS, HEAD_DIM], dims.out_dtype),
+                LSE: T.Tensor([dims.out_rows, NUM_HEADS], dims.accum_dtype),
                 Scheduler: T.Tensor([2], T.int32),
             ):
                 kv = (K_cache, V_cache, kv_indptr, kv_rows, kv_indices, page_count, None)
@@ -162,8 +162,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
             kv_rows: T.int32,
             page_count: T.int32,
             sm_scale: T.float32,
-            Output: T.Tensor([total_q, NUM_HEADS, HEAD_DIM], dtype),
-            LSE: T.Tensor([total_q, NUM_HEADS], dims.accum_dtype),
+            Output: T.Tensor([dims.out_rows, NUM_HEADS, HEAD_DIM], dims.out_dtype),
+            LSE: T.Tensor([dims.out_rows, NUM_HEADS], dims.accum_dtype),
             Scheduler: T.Tensor([2], T.int32),
         ):
             kv = (K_cache, V_cache, kv_indptr, kv_rows, kv_indices, page_count, kv_last_page_len)

@@ -5,17 +5,15 @@ warp-specialized program, from the same steps, and a point of comparison on the 
 import tilelang.language as T
 
 from .gqa_prefill_steps import (
-    GROUP_SIZE,
     HEAD,
     HEAD_DIM,
     KV_START,
     LOG2_E,
-    NUM_HEADS,
     Q_START,
     Q_TILE,
     SEQ_KV,
     SEQ_Q,
-    TILE_FIELDS,
+    SHARE,
 )
 
 
@@ -36,11 +34,16 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
     def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
         # One flat grid axis (no 65535 limit), heads fastest: the 32 heads of a query tile run
         # side by side, 4 of them on each KV tile they load (L2).
-        with T.Kernel(NUM_HEADS * num_slots, threads=threads) as block:
+        # Split: a (slot, head)'s shares side by side (steps.slot_of).
+        with T.Kernel(steps.item_heads * num_slots * steps.shares, threads=threads) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
             K_shared = T.alloc_shared([block_N, HEAD_DIM], dtype)
             V_shared = T.alloc_shared([block_N, HEAD_DIM], dtype)
-            O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
+            # Split: the shares' fp32 outputs go out from registers.
+            # Pack: each row's output goes to its own query head, from registers too.
+            O_shared = (
+                None if steps.split or steps.pack else T.alloc_shared([block_M, HEAD_DIM], dtype)
+            )
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
             acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
@@ -54,7 +57,7 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
 
             seq = T.alloc_local([1], T.int32)
-            tile = T.alloc_local([TILE_FIELDS], T.int32)
+            tile = T.alloc_local([steps.tile_fields], T.int32)
             ok = T.alloc_local([1], T.int32)
             batch_ok = T.alloc_local([1], T.int32)
             indptr = (qo_indptr, kv_source.kv_indptr(kv), kv_source.kv_rows(kv), kv)
@@ -70,11 +73,14 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
                 if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
                     tile[SEQ_Q] = 0
                     tile[Q_TILE] = 0
-                Poison(indptr, Output, LSE, slot_of(block), tile[HEAD], 0, 1, seq, ok)
+                share_row0 = steps.out_row0(tile[SHARE]) if steps.split else None
+                Poison(
+                    indptr, Output, LSE, slot_of(block), tile[HEAD], 0, 1, seq, ok, share_row0
+                )  # fmt: skip
             q_start, seq_q, kv_start, seq_kv, q_tile, head = (
                 tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[SEQ_KV], tile[Q_TILE], tile[HEAD]
             )  # fmt: skip
-            kv_head = head // GROUP_SIZE
+            kv_head = steps.kv_head_of(head)
             scale_log2 = sm_scale * LOG2_E
             # The pipeline waits for the Q load only inside the loop, and a block must not exit
             # while a TMA load into its shared memory is in flight: at least one iteration.
@@ -86,7 +92,10 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             T.fill(max_scaled, 0)
             # A slot past the sequence's last tile (one per sequence at most) loads nothing.
             if q_tile < seq_q:
-                T.copy(Q[q_start + q_tile : q_start + q_tile + block_M, head, :], Q_shared)
+                if steps.pack:
+                    steps.GatherQ(Q, Q_shared, q_start + q_tile, head, threads, False)
+                else:
+                    T.copy(Q[q_start + q_tile : q_start + q_tile + block_M, head, :], Q_shared)
                 # One entry per statement of the body: K copy, Q K^T, mask, softmax (8),
                 # rescale, V copy, P V. Emitted as: K and V copies, Q K^T and mask of tile k,
                 # rescale and P V of tile k - 1, softmax of tile k.
@@ -108,8 +117,9 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
                     Rescale(acc_o, scores_scale)
                     MMA1(kv, V_shared, acc_s_cast, acc_o, k, kv_start, kv_head, seq_kv, scratch)
 
+            out_start = q_start + steps.out_row0(tile[SHARE]) if steps.split else q_start
             Epilogue(
-                acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, q_start,
+                acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE, out_start,
                 q_tile, seq_q, head, kv_source.item_poisoned(scratch, (0,)),
             )  # fmt: skip
 

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import tilelang.language as T
 
-from .gqa_prefill_kv import build_kv
+from .gqa_prefill_kv import ASYNC_COPY, build_kv
 from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
 __all__ = ["GROUP_SIZE", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "build_steps", "token_rows"]
@@ -47,6 +47,12 @@ TILE_FIELDS = 6
 HAS_ITEM = 6  # 1: an item, 0: the block is done
 POISON_SLOT = 7  # in a malformed batch the slot whose rows the item poisons, else -1
 ITEM_FIELDS = 8
+# Split-KV variants (split=True) give an item two more (SPLIT_FIELDS in all). After
+# POISON_SLOT: with the share fields before it (one read-back loop) TileLang's sync planner
+# failed on the FP8 split program ("a required shared-memory sync inside a divergent region").
+SHARE = 8  # the item's key share, 0 .. shares - 1
+SHARE_TILES = 9  # the share's key tiles: bounds caps the item's loop there
+SPLIT_FIELDS = 10
 
 
 def build_steps(
@@ -57,6 +63,8 @@ def build_steps(
     page_size: int = None,
     window: bool = False,
     cache_dtype: str = None,
+    split: bool = False,
+    pack: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -74,17 +82,41 @@ def build_steps(
 
     cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
     scaling the output in the epilogue.
+
+    split (causal, paged): split-KV. Output and LSE are fp32 workspaces of shares * total_q
+    rows (the symbolic out_rows; share s writes rows s * total_q ...), each share's normalised
+    output and base-2 LSE, for gqa_prefill_split's merge. A work item is (slot, share, head):
+    each (slot, head) of the unsplit kernel becomes `shares` items, share s taking key tiles
+    [s * n // shares, (s + 1) * n // shares) of the n its tile visits (ClipToShare).
+
+    pack (causal, paged; decode-like batches: gqa_prefill_pack): GQA head packing. A work item
+    is (slot, KV head) (split: (slot, share, KV head)) and its tile's block_M rows are
+    (token, query head) pairs of block_M // 4 tokens: row i is token i // 4 of the tile and
+    query head 4 * kv_head + i % 4, so the 4 query heads of a KV head go through its key tiles
+    together. The slots count tokens in blocks of block_M // 4 (tokens, below), HEAD holds the
+    KV head, the masks take row i's position q_pos0 + i // 4, and the epilogue stores from
+    registers (Q is gathered: GatherQ).
     """
     assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
+    assert not split or (causal and page_size is not None), "split-KV: causal, paged K/V"
+    assert not pack or (causal and page_size is not None), "head packing: causal, paged K/V"
+    # Query tokens a tile holds (pack: block_M // 4 tokens x 4 query heads), and the items a
+    # (slot, share) makes: one per query head, or per KV head.
+    tokens = block_M // GROUP_SIZE if pack else block_M
+    item_heads = NUM_KV_HEADS if pack else NUM_HEADS
     total_q = T.dynamic("total_q")
     len_indptr = T.dynamic("len_indptr")
     q_stride = T.dynamic("q_stride")  # in elements
     batch = len_indptr - 1
-    num_slots = batch + total_q // block_M
+    num_slots = batch + total_q // tokens
     accum_dtype = T.float32
+    # Split: the workspaces' rows, shares * total_q (the entry launches only with total_q >= 1).
+    out_rows = T.dynamic("out_rows") if split else total_q
+    shares = out_rows // T.max(total_q, 1) if split else 1
     dims = SimpleNamespace(
         dtype=dtype, block_N=block_N, accum_dtype=accum_dtype, total_q=total_q,
-        q_stride=q_stride, len_indptr=len_indptr,
+        q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
+        out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
     kv_source = build_kv(page_size, dims, cache_dtype)
     neg_inf = -T.infinity(accum_dtype)
@@ -95,8 +127,29 @@ def build_steps(
         the 32 heads of a slot side by side (4 of them on each KV tile they load: L2). Under a
         window an item's work is its band (loop_range counts the band's key tiles), which grows
         along a sequence's tiles up to the window's width: still heaviest first within each
-        sequence, the light tiles (band cut by key 0) last."""
-        return num_slots - 1 - item // NUM_HEADS
+        sequence, the light tiles (band cut by key 0) last. Split: a slot's shares side by
+        side, the 32 heads of a share side by side within them."""
+        if split:
+            return num_slots - 1 - item // (item_heads * shares)
+        return num_slots - 1 - item // item_heads
+
+    def bounds(tile, share_clipped=True):
+        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
+        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
+        visited, at least one even when no row sees a key (its mask then hides every key).
+        Split: at most the share's SHARE_TILES (share_clipped False: before ClipToShare)."""
+        seq_kv = tile[SEQ_KV]
+        q_pos0 = tile[Q_TILE] + seq_kv - tile[SEQ_Q]
+        if causal:
+            kv_stop = T.max(T.min(seq_kv, q_pos0 + tokens), 0)
+            full_end = T.min(seq_kv, q_pos0 + 1)
+        else:
+            kv_stop = seq_kv
+            full_end = seq_kv
+        loop_range = T.max(T.ceildiv(kv_stop, block_N), 1)
+        if split and share_clipped:
+            loop_range = T.min(loop_range, tile[SHARE_TILES])
+        return q_pos0, full_end, loop_range
 
     @T.macro
     def Search(first, target, seq):
@@ -112,7 +165,7 @@ def build_steps(
     @T.macro
     def Find(slot, qo_indptr, seq):
         """seq[0] = the sequence that owns slot `slot`."""
-        Search(lambda s: s + qo_indptr[s] // block_M, slot, seq)
+        Search(lambda s: s + qo_indptr[s] // tokens, slot, seq)
 
     @T.macro
     def SkipToBand(tile, window_left):
@@ -124,6 +177,28 @@ def build_steps(
         )
         tile[KV_START] = tile[KV_START] + skip
         tile[SEQ_KV] = tile[SEQ_KV] - skip
+
+    keys_per_entry = page_size or 1  # of kv_indptr's entries: a key row, or a page
+
+    @T.macro
+    def ClipToShare(tile, share):
+        """Split: the item's keys cut to its share of the n key tiles its tile visits, as
+        SkipToBand cuts them to a band: KV_START and SEQ_KV move by whole tiles (whole pages),
+        so q_pos0 (bounds) and the masks hold as they are, and SHARE_TILES caps the loop. An
+        empty share (n < shares) keeps no key (SEQ_KV 0): its one masked tile writes output 0
+        and lse -inf, which the merge weighs 0."""
+        _, _, n = bounds(tile, share_clipped=False)
+        first = share * n // shares
+        stop = (share + 1) * n // shares
+        tile[SHARE] = share
+        if stop > first:
+            skip = first * block_N
+            tile[KV_START] = tile[KV_START] + skip // keys_per_entry
+            tile[SEQ_KV] = tile[SEQ_KV] - skip
+            tile[SHARE_TILES] = stop - first
+        else:
+            tile[SEQ_KV] = 0
+            tile[SHARE_TILES] = 1
 
     @T.macro
     def Locate(item, qo_indptr, kv, seq, tile, window_left=None):
@@ -137,10 +212,12 @@ def build_steps(
         tile[KV_START] = kv_source.kv_indptr(kv)[seq[0]]
         tile[SEQ_KV] = kv_source.seq_kv(kv, seq[0], tile[KV_START])
         # the tile's first query row
-        tile[Q_TILE] = (slot - seq[0] - tile[Q_START] // block_M) * block_M
-        tile[HEAD] = item % NUM_HEADS
+        tile[Q_TILE] = (slot - seq[0] - tile[Q_START] // tokens) * tokens
+        tile[HEAD] = item % item_heads  # pack: the KV head
         if window:
             SkipToBand(tile, window_left)
+        if split:
+            ClipToShare(tile, item // item_heads % shares)
 
     # Malformed batches (indptr values that are not a partition: see the module docstring).
     # indptr = (qo_indptr, kv_indptr, kv_rows, kv), kv_rows the entries kv_indptr runs to and kv
@@ -208,40 +285,92 @@ def build_steps(
         ANDs the lanes' shares. seq: scratch."""
         Find(slot, indptr[0], seq)
         CheckSequence(indptr, seq[0], lane, lanes, ok)
-        first_slot = seq[0] + indptr[0][seq[0]] // block_M
+        first_slot = seq[0] + indptr[0][seq[0]] // tokens
         ok[0] = T.if_then_else((all_lanes(ok[0]) != 0) & (slot >= first_slot), 1, 0)
 
     @T.macro
-    def Poison(indptr, Output, LSE, slot, head, lane, lanes, seq, ok):
-        """NaN into the rows [slot * block_M, (slot + 1) * block_M) of `head` that no
-        well-formed sequence covers (this lane's share of the rows). The slots' rows cover
-        [0, total_q), and a well-formed sequence's rows are written by its own tiles alone."""
+    def Poison(indptr, Output, LSE, slot, head, lane, lanes, seq, ok, out_row0=None):
+        """NaN into the rows [slot * tokens, (slot + 1) * tokens) of `head` (pack: of the KV
+        head's 4 query heads) that no well-formed sequence covers (this lane's share of the
+        rows). The slots' rows cover [0, total_q), and a well-formed sequence's rows are
+        written by its own tiles alone. out_row0 (split): the item's share's first row in the
+        workspaces."""
         qo_indptr = indptr[0]
-        for k in T.serial(T.ceildiv(block_M, lanes)):
-            row = slot * block_M + k * lanes + lane
-            if (k * lanes + lane < block_M) & (row < total_q):
+        for k in T.serial(T.ceildiv(tokens, lanes)):
+            row = slot * tokens + k * lanes + lane
+            if (k * lanes + lane < tokens) & (row < total_q):
                 # The last t with qo_indptr[t] <= row: the sequence that covers the row if a
                 # well-formed one does (it steers the search as in Locate).
                 Search(lambda t: qo_indptr[t], row, seq)
                 CheckSequence(indptr, seq[0], 0, 1, ok)
                 if (ok[0] == 0) | (row >= qo_indptr[seq[0] + 1]) | (row < qo_indptr[seq[0]]):
-                    for j in T.vectorized(HEAD_DIM):
-                        Output[row, head, j] = T.Cast(dtype, nan)
-                    LSE[row, head] = nan
+                    out_row = row if out_row0 is None else out_row0 + row
+                    if pack:
+                        for h in T.serial(GROUP_SIZE):
+                            for j in T.vectorized(HEAD_DIM):
+                                Output[out_row, head * GROUP_SIZE + h, j] = T.Cast(
+                                    Output.dtype, nan
+                                )
+                            LSE[out_row, head * GROUP_SIZE + h] = nan
+                    else:
+                        for j in T.vectorized(HEAD_DIM):
+                            Output[out_row, head, j] = T.Cast(Output.dtype, nan)
+                        LSE[out_row, head] = nan
 
-    def bounds(tile):
-        """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
-        j <= q_pos0 + i; tiles below full_end // block_N are fully visible; loop_range tiles are
-        visited, at least one even when no row sees a key (its mask then hides every key)."""
-        seq_kv = tile[SEQ_KV]
-        q_pos0 = tile[Q_TILE] + seq_kv - tile[SEQ_Q]
-        if causal:
-            kv_stop = T.max(T.min(seq_kv, q_pos0 + block_M), 0)
-            full_end = T.min(seq_kv, q_pos0 + 1)
+    def token_of(row):
+        """The token of a tile's row, relative to the tile's first (pack: row // 4)."""
+        return row // GROUP_SIZE if pack else row
+
+    def head_of(head, row):
+        """The query head of a tile's row of item head `head` (pack: a KV head)."""
+        return head * GROUP_SIZE + row % GROUP_SIZE if pack else head
+
+    def kv_head_of(head):
+        """The KV head of item head `head`."""
+        return head if pack else head // GROUP_SIZE
+
+    @T.macro
+    def GatherQ(Q, Q_shared, token0, kv_head, threads, copy_async):
+        """Pack: the tile's Q rows (token token0 + i // 4, query head 4 * kv_head + i % 4:
+        per token the group's 4 heads are 4 x 128 contiguous elements) into Q_shared by
+        `threads` threads, 16 bytes each; rows past total_q zero (not read). Rows past the
+        sequence read the next sequence's Q, as the unpacked TMA box does: finite, and never
+        stored. copy_async (the producer warp): cp.async, in flight when it returns, 16 threads a
+        row and a pass's rows one token (the token's index clamped in 32 bits, before the 64-bit
+        offset, as gqa_prefill_kv's GatherHeldRows)."""
+        rows = threads * 8 // HEAD_DIM
+        # The entry sees to these (a TMA descriptor's 16-byte strides; it launches with rows):
+        # 16-byte rows for cp.async, and a clamped row index in bounds.
+        T.assume(q_stride % 8 == 0)
+        T.assume(total_q >= 1)
+        if copy_async:
+            assert GROUP_SIZE % rows == 0, "a pass's rows: heads of one token"
+            row = T.alloc_local([1], T.int32)  # the pass's token, clamped into Q
+            # Pinned: left to layout inference, the loop got a thread a column (scalar copies).
+            layout = T.Fragment(
+                [rows, HEAD_DIM],
+                forward_thread_fn=lambda r, c: r * (HEAD_DIM // 8) + c // 8,
+                forward_index_fn=lambda r, c: c % 8,
+            )
+            for i in T.unroll(block_M // rows, annotations={"pragma_unroll_factor": 1}):
+                row[0] = T.max(T.min(token0 + token_of(i * rows), total_q - 1), 0)
+                for r, c in T.Parallel(
+                    rows, HEAD_DIM, loop_layout=layout, annotations=ASYNC_COPY
+                ):  # fmt: skip
+                    # Indices TileLang sees in bounds (KV head mod 8, row clamped): it then adds
+                    # no test of its own, which would keep the copy from cp.async.
+                    Q_shared[i * rows + r, c] = T.if_then_else(
+                        token0 + token_of(i * rows) < total_q,
+                        Q[row[0], head_of(kv_head % NUM_KV_HEADS, i * rows + r), c],
+                        T.Cast(dtype, 0),
+                    )
         else:
-            kv_stop = seq_kv
-            full_end = seq_kv
-        return q_pos0, full_end, T.max(T.ceildiv(kv_stop, block_N), 1)
+            for r, c in T.Parallel(block_M, HEAD_DIM):
+                Q_shared[r, c] = T.if_then_else(
+                    token0 + token_of(r) < total_q,
+                    Q[T.min(token0 + token_of(r), total_q - 1), head_of(kv_head, r), c],
+                    T.Cast(dtype, 0),
+                )
 
     def position(q_pos0, window_left):
         """What the masks take for the rows' visible keys (pos): q_pos0, or with a window
@@ -268,7 +397,7 @@ def build_steps(
                 )
             elif causal:
                 acc_s[i, j] = T.if_then_else(
-                    (key < seq_kv) & (key <= q_pos0 + i), acc_s[i, j], neg_inf
+                    (key < seq_kv) & (key <= q_pos0 + token_of(i)), acc_s[i, j], neg_inf
                 )
             else:
                 acc_s[i, j] = T.if_then_else(key < seq_kv, acc_s[i, j], neg_inf)
@@ -357,7 +486,8 @@ def build_steps(
         A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0).
         poisoned (None: never): a function giving a test whether the item met a bad page id;
         then every row gets NaN output and lse. out_scale (None: 1): the output's factor (FP8
-        caches' v_scale), lse unchanged."""
+        caches' v_scale), lse unchanged. Split: q_start is the share's row in the workspaces,
+        and O_shared None (fp32 from registers)."""
         for i in T.Parallel(block_M):
             lse[i] = poison(
                 poisoned,
@@ -369,8 +499,10 @@ def build_steps(
         Rescale(acc_o, scores_scale)
         if O_shared is None:  # from registers
             for i, j in T.Parallel(block_M, HEAD_DIM):
-                if q_tile + i < seq_q:
-                    Output[q_start + q_tile + i, head, j] = T.Cast(dtype, acc_o[i, j])
+                if q_tile + token_of(i) < seq_q:
+                    Output[q_start + q_tile + token_of(i), head_of(head, i), j] = T.Cast(
+                        Output.dtype, acc_o[i, j]
+                    )
         else:
             T.copy(acc_o, O_shared)
             # Rows past the sequence's end belong to the next sequence (or to no one): skip.
@@ -378,8 +510,12 @@ def build_steps(
                 if q_tile + i < seq_q:
                     Output[q_start + q_tile + i, head, j] = O_shared[i, j]
         for i in T.Parallel(block_M):
-            if q_tile + i < seq_q:
-                LSE[q_start + q_tile + i, head] = lse[i]
+            if q_tile + token_of(i) < seq_q:
+                LSE[q_start + q_tile + token_of(i), head_of(head, i)] = lse[i]
+
+    def out_row0(share):
+        """Split: the first workspace row of share `share` (None unsplit: the output's rows)."""
+        return share * total_q if split else None
 
     def kernel(body):
         """The prim_func: the K/V source's; a window variant's, the ragged one's arguments with
@@ -410,7 +546,12 @@ def build_steps(
 
     return SimpleNamespace(
         dtype=dtype, causal=causal, window=window, block_M=block_M, block_N=block_N,
-        kv=kv_source, kernel=kernel, position=position, left_end=left_end,
+        pack=pack, tokens=tokens, item_heads=item_heads, kv_head_of=kv_head_of,
+        GatherQ=GatherQ,
+        kv=kv_source, kernel=kernel, position=position, left_end=left_end, split=split,
+        shares=shares, item_fields=SPLIT_FIELDS if split else ITEM_FIELDS, out_row0=out_row0,
+        split_fields=(SHARE, SHARE_TILES) if split else (),
+        tile_fields=SPLIT_FIELDS if split else TILE_FIELDS,
         total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
         Locate=Locate,

@@ -6,18 +6,16 @@ import tilelang.language as T
 
 from .gqa_prefill_items import item_steps
 from .gqa_prefill_steps import (
-    GROUP_SIZE,
     HAS_ITEM,
     HEAD,
     HEAD_DIM,
-    ITEM_FIELDS,
     KV_START,
     LOG2_E,
-    NUM_HEADS,
     Q_START,
     Q_TILE,
     SEQ_KV,
     SEQ_Q,
+    SHARE,
 )
 
 PINGPONG_BARRIER = 12  # named barriers 12.. (TileLang's own partial syncs count up from 3)
@@ -94,9 +92,14 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         # FA3's split for 2 consumer warpgroups beside a cp.async producer warpgroup is 40 /
         # 232; the gathering warps here spill below 56 (ptxas; tests check it), the FP8
         # converting ones below 64 (its source's producer_regs and consumer_regs).
-        assert num_consumers == 2, "the loader warps' register split is for 2 consumers"
+        # (GQA packing's one consumer warpgroup: the pool only grows.)
+        assert num_consumers == 2 or steps.pack, "the loader warps' split is for 2 consumers"
         producer_regs = getattr(kv_source, "producer_regs", 56)
         consumer_regs = getattr(kv_source, "consumer_regs", 224)
+    if steps.pack:
+        # One consumer warpgroup: a pool of 256 a thread. The producer warp gathers Q too
+        # (cp.async: 64-bit row addresses), which spilled at 24.
+        producer_regs = max(producer_regs, 56)
     # setmaxnreg moves registers within the block's own pool, what the launch gave it: ptxas's
     # count per thread (65536 / threads down to a multiple of 8: 168 for 384 threads) times the
     # threads. A split over it never returns from the consumers' setmaxnreg.inc (the FP8 split
@@ -105,7 +108,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     assert producer_regs * 128 + consumer_regs * consumer_threads <= launch_regs * threads, (
         f"register split {producer_regs} / {consumer_regs} over the block's {launch_regs}"
     )
-    num_items = NUM_HEADS * num_slots
+    # split: a (slot, head)'s shares; pack: a head is a KV head
+    num_items = steps.item_heads * num_slots * steps.shares
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
     # A K/V source that stages tiles ahead (FP8) starts each item's staging.
@@ -275,7 +279,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         q_start, seq_q, kv_start, q_tile, head = (
             tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[Q_TILE], tile[HEAD]
         )  # fmt: skip
-        kv_head = head // GROUP_SIZE
+        kv_head = steps.kv_head_of(head)
         _, _, loop_range = bounds(tile)
         if q_tile < seq_q:  # a spare slot has no row: nothing to load
             LoadItem(q_start, q_tile, kv_start, tile[SEQ_KV], head, kv_head, loop_range, load)
@@ -290,9 +294,11 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
             # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
             # from registers (O_shared None).
-            O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
-            if not getattr(kv_source, "output_buffer", True):
+            # Split: the shares' fp32 outputs go out from registers too.
+            if steps.split or steps.pack or not getattr(kv_source, "output_buffer", True):
                 O_shared = None
+            else:
+                O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
             acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
@@ -315,11 +321,11 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             seq = T.alloc_local([1], T.int32)
             # The current item: Locate's result, then whether there is one, then the slot whose
             # rows it poisons (-1: none, the batch is valid).
-            tile = T.alloc_local([ITEM_FIELDS], T.int32)
+            tile = T.alloc_local([steps.item_fields], T.int32)
             fetch = T.alloc_local([1], T.int32)
             ok = T.alloc_local([1], T.int32)
             # The producer warp hands each item to the consumers through a 2-slot buffer.
-            item_tile = T.alloc_shared([2, ITEM_FIELDS], T.int32)
+            item_tile = T.alloc_shared([2, steps.item_fields], T.int32)
             item_full = T.alloc_barrier([32, 32])
             # Released by every thread that reads the item: the consumers and the loader warps
             # past the first (which takes the items).
@@ -381,9 +387,13 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                     seq_kv, q_tile = tile[SEQ_KV], tile[Q_TILE]
                     head = tile[HEAD]
                     q_pos0, full_end, loop_range = bounds(tile)
+                    # The rows the epilogue writes start there (split: in the share's rows).
+                    out_start = q_start if not steps.split else (
+                        q_start + steps.out_row0(tile[SHARE])
+                    )
                     if tile[HAS_ITEM] == 1 and q_tile < seq_q:
                         ConsumeItem(
-                            q_start, seq_q, seq_kv, q_tile, head, position(q_pos0, window_left),
+                            out_start, seq_q, seq_kv, q_tile, head, position(q_pos0, window_left),
                             full_end, loop_range,
                             (Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o),
                             stats, lse,

@@ -18,6 +18,12 @@ The indptr values (and page ids, last-page lengths) are not read on the host (th
 sync; PREFILL_BUNDLE_VALIDATE=1 does, to raise on bad ones): the kernel itself computes the
 sequences of a malformed batch that it can and writes NaN into every other row, never reading or
 writing outside the tensors.
+
+Decode-like paged batches (a few query tokens a sequence) split the keys (gqa_prefill_split):
+the plan picks the share count from shapes, a split kernel writes each share's output and LSE
+into a per-stream fp32 workspace, and a merge kernel writes output and lse. They also pack the
+4 query heads of a KV head into one tile (items (token block, KV head): a quarter of the items
+and key tiles).
 """
 
 import torch
@@ -48,22 +54,33 @@ from .gqa_prefill_kernel import (
     HEAD_DIM,
     NUM_HEADS,
     NUM_KV_HEADS,
+    PACK_BLOCK_M,
+    PACK_PAGE_SIZES,
     PAGE_SIZES,
+    SPLIT_PAGE_SIZES,
+    compile_merge,
     compile_variant,
+    decode_like,
+    kv_shares,
 )
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_kernels = {}  # (dtype, causal, SM count, page size or None, window, fp8) -> compiled kernel
+# (dtype, causal, SM count, page size or None, window, fp8, split, pack) -> compiled kernel
+_kernels = {}
+_merge_kernels = {}  # dtype -> split-KV's compiled merge
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
 _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
-# Per page size, keyed as ragged: (kernel, caches' stand-in, kv_indices' stand-in, num_pages).
+# Per page size, keyed as ragged: (kernel, caches' stand-in, kv_indices' stand-in, num_pages,
+# key shares, merge kernel or None).
 _paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
 _fp8_plans = PlanCache()  # as _paged_plans[64], for FP8 caches
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
+# (device index, stream) -> split-KV's fp32 workspace (flat) and its last views
+_workspaces = {}
 
 
 def _scheduler(device: int):
@@ -78,6 +95,41 @@ def _scheduler(device: int):
     return counters
 
 
+def _workspace(device: int, rows: int) -> tuple:
+    """Split-KV's fp32 workspaces for `rows` rows (shares x total_q): the shares' outputs
+    [rows, 32, 128] and LSE [rows, 32], views of one buffer per stream, grown on demand (a
+    launch on the stream that used the old buffer runs before the next one: stream order; two
+    streams get two buffers, as the work counters)."""
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    entry = _workspaces.get((device, stream))
+    if entry is not None and entry[0] == rows:
+        return entry[1]
+    size = rows * NUM_HEADS * (HEAD_DIM + 1)
+    buffer = entry[2] if entry is not None and entry[2].numel() >= size else None
+    if buffer is None:
+        buffer = torch.empty(size, dtype=torch.float32, device=f"cuda:{device}")
+    outputs = rows * NUM_HEADS * HEAD_DIM
+    views = (
+        buffer[:outputs].view(rows, NUM_HEADS, HEAD_DIM),
+        buffer[outputs:size].view(rows, NUM_HEADS),
+    )
+    _workspaces[(device, stream)] = (rows, views, buffer)
+    return views
+
+
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check_sm90a(device: int) -> None:
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        raise RuntimeError(
+            f"the TileLang kernels are built for sm_90a (H100/H200); cuda:{device} is "
+            f"sm_{capability[0]}{capability[1]}"
+        )
+
+
 def _kernel(
     dtype: torch.dtype,
     causal: bool,
@@ -85,24 +137,32 @@ def _kernel(
     page_size: int = None,
     window: bool = False,
     fp8: bool = False,
+    split: bool = False,
+    pack: bool = False,
 ):
-    """fp8: the paged kernel (page size 64) over float8_e4m3fn caches."""
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    key = (dtype, causal, num_sms, page_size, window, fp8)
+    """fp8: the paged kernel (page size 64) over float8_e4m3fn caches; split: its split-KV
+    kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches)."""
+    num_sms = _sm_count(device)
+    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack)
     kernel = _kernels.get(key)
     if kernel is None:
-        capability = torch.cuda.get_device_capability(device)
-        if capability != (9, 0):
-            raise RuntimeError(
-                f"the TileLang kernels are built for sm_90a (H100/H200); cuda:{device} is "
-                f"sm_{capability[0]}{capability[1]}"
-            )
+        _check_sm90a(device)
         # The persistent grid takes one block per SM of the device.
         kernel = compile_variant(
             _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window,
-            cache_dtype=FP8_E4M3 if fp8 else None,
+            cache_dtype=FP8_E4M3 if fp8 else None, split=split, pack=pack,
         )  # fmt: skip
         _kernels[key] = kernel
+    return kernel
+
+
+def _merge_kernel(dtype: torch.dtype, device: int):
+    """Split-KV's merge for q's dtype (gqa_prefill_split.merge_shares)."""
+    kernel = _merge_kernels.get(dtype)
+    if kernel is None:
+        _check_sm90a(device)
+        kernel = compile_merge(_DTYPES[dtype])
+        _merge_kernels[dtype] = kernel
     return kernel
 
 
@@ -268,7 +328,9 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     page size 1), output, lse. fp8: float8_e4m3fn caches."""
     q = tensors[0]
     cache_dtype = FP8_DTYPE if fp8 else None
-    _, _, num_pages, num_kv_indices = check_paged_shapes(*tensors, page_size, cache_dtype)
+    batch, total_q, num_pages, num_kv_indices = check_paged_shapes(
+        *tensors, page_size, cache_dtype
+    )  # fmt: skip
     check_layout(*_paged_arguments(page_size, tensors))
     pageless = indexless = None
     if num_pages == 0:
@@ -276,11 +338,25 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
         pageless = torch.zeros(shape, dtype=cache_dtype or q.dtype, device=q.device)
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
-    if fp8:
-        kernel = _kernel(q.dtype, True, q.get_device(), page_size, fp8=True)
-    else:
-        kernel = _kernel(q.dtype, True, q.get_device(), page_size)
-    return kernel, pageless, indexless, num_pages
+    device = q.get_device()
+    # From shapes: the page table's entries x page size bound the keys. Decode-like batches pack
+    # the query heads of a KV head and split (both page sizes); unpacked, page size 1 does not
+    # split: its split program fails TileLang's sync planner (gqa_prefill_split, TUNING.md).
+    shares = 1
+    pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
+    if pack or page_size in SPLIT_PAGE_SIZES:
+        shares = kv_shares(
+            total_q, batch, num_kv_indices * page_size, _sm_count(device),
+            **(dict(block_M=PACK_BLOCK_M, pack=True) if pack else {}),
+        )  # fmt: skip
+    variant = dict(fp8=True) if fp8 else {}
+    if pack:
+        variant.update(pack=True)
+    if shares > 1:
+        kernel = _kernel(q.dtype, True, device, page_size, split=True, **variant)
+        return kernel, pageless, indexless, num_pages, shares, _merge_kernel(q.dtype, device)
+    kernel = _kernel(q.dtype, True, device, page_size, **variant)
+    return kernel, pageless, indexless, num_pages, 1, None
 
 
 def run_paged_ps64(
@@ -342,7 +418,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
             plans.store(key, plan)
     else:
         check_placement(*_paged_arguments(page_size, tensors))
-    kernel, pageless, indexless, num_pages = plan
+    kernel, pageless, indexless, num_pages, shares, merge = plan
     if VALIDATE:
         check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[0],
                            num_pages, page_size)  # fmt: skip
@@ -362,7 +438,11 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
     lengths = () if kv_last_page_len is None else (kv_last_page_len,)
     scales = (sm_scale, v_scale) if fp8 else (sm_scale,)
+    device = q.get_device()
+    results = (output, lse) if merge is None else _workspace(device, shares * total_q)
     kernel(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *lengths, num_kv_indices,
-        num_pages, *scales, output, lse, _scheduler(q.get_device()),
+        num_pages, *scales, *results, _scheduler(device),
     )  # fmt: skip
+    if merge is not None:
+        merge(*results, output, lse)

@@ -179,9 +179,10 @@ PACK_COMPILED = [
 @pytest.mark.parametrize("dtype,page_size,fp8,split", PACK_COMPILED)
 def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, split):
     """One consumer warpgroup (block_M 64: 256 threads, a pool of 256 registers a thread; the
-    producer 56 or FP8's 72, the consumers 240, FP8's 216 or the gather's 224), Q gathered by
-    cp.async on q_full (no Q descriptor), outputs from registers, 0 spills. Page size 1's
-    packed split program passes the sync planner that its unpacked one fails."""
+    producer 56, or 72 beside FP8's conversion and page size 1's gather; the consumers 240, FP8's
+    216 or the gather's 224), Q gathered by cp.async on q_full (no Q descriptor), outputs from
+    registers, 0 spills. Page size 1's packed split program passes the sync planner that its
+    unpacked one fails."""
     kernels = kernel_module()
     cache_dtype = kernels.FP8_E4M3 if fp8 else None
     kernel, ptxas = compile_fresh(
@@ -194,7 +195,7 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     assert "Q_desc" not in source and "tl::mbarrier_cp_async_arrive(q_full[0]);" in source
     assert source.count("tl::cp_async_gs_conditional<16>((&(((bfloat16_t*)Q_shared)") == 1
     assert ("float* __restrict__ Output" in source) == split
-    assert "tl::warpgroup_reg_dealloc<%d>" % (72 if fp8 else 56) in source
+    assert "tl::warpgroup_reg_dealloc<%d>" % (72 if fp8 or page_size == 1 else 56) in source
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
@@ -234,6 +235,23 @@ def test_pack_plan_from_shapes():
     assert kv_shares(17, 4, 1 << 20, 132, block_M=64, pack=True) == 1  # prefill
     assert kernels.PACK_PAGE_SIZES == (64, 1)
     assert kernels.pack_config()["block_M"] == 64
+
+
+def test_entry_plan_packs_and_splits_what_compiles():
+    """The entry's plan (shapes only): decode-like batches pack and split, except float16 over
+    FP8 caches, whose packed split program fails TileLang's sync planner (packed, unsplit);
+    prefill batches neither pack nor split; page size 1 splits only packed."""
+    plan = entry_module("tilelang_paged_ps64").paged_plan
+    single_token = (16, 16, 2142 * 64, 132)  # single_token_rows_16
+    assert plan("bfloat16", 64, False, *single_token) == (True, 8)
+    assert plan("float16", 64, False, *single_token) == (True, 8)
+    assert plan("bfloat16", 64, True, *single_token) == (True, 8)
+    assert plan("float16", 64, True, *single_token) == (True, 1)
+    assert plan("bfloat16", 1, False, 16, 16, 136546, 132) == (True, 8)
+    assert plan("bfloat16", 64, False, 2048, 1, 8192, 132) == (False, 1)
+    assert plan("bfloat16", 1, False, 2048, 1, 8192, 132) == (False, 1)
+    kernels = kernel_module()
+    assert set(kernels.PACK_SPLIT_VARIANTS) == set(kernels.PACK_VARIANTS) - {("float16", 64, True)}
 
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------

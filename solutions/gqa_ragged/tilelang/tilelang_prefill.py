@@ -56,6 +56,7 @@ from .gqa_prefill_kernel import (
     NUM_KV_HEADS,
     PACK_BLOCK_M,
     PACK_PAGE_SIZES,
+    PACK_SPLIT_VARIANTS,
     PAGE_SIZES,
     SPLIT_PAGE_SIZES,
     compile_merge,
@@ -320,6 +321,22 @@ def _one_page(cache: torch.Tensor) -> torch.Tensor:
     return cache.as_strided(cache.shape, (page, NUM_KV_HEADS * HEAD_DIM, HEAD_DIM, 1))
 
 
+def paged_plan(dtype: str, page_size: int, fp8: bool, total_q: int, batch: int, kv_bound: int,
+               num_sms: int) -> tuple:  # fmt: skip
+    """(pack, shares) from shapes; kv_bound: the page table's entries x page size. Decode-like
+    batches pack the query heads of a KV head and split (both page sizes; float16 over FP8
+    caches packs unsplit: PACK_SPLIT_VARIANTS); unpacked, page size 1 does not split: its split
+    program fails TileLang's sync planner (gqa_prefill_split, TUNING.md)."""
+    pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
+    if pack:
+        if (dtype, page_size, fp8) not in PACK_SPLIT_VARIANTS:
+            return True, 1
+        return True, kv_shares(total_q, batch, kv_bound, num_sms, block_M=PACK_BLOCK_M, pack=True)
+    if page_size in SPLIT_PAGE_SIZES:
+        return False, kv_shares(total_q, batch, kv_bound, num_sms)
+    return False, 1
+
+
 def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     """Check shapes, dtypes and layout (once per key). A cache without pages, or a page table
     without entries, runs the kernel on a zero 1-page (1-entry) stand-in, told there are none
@@ -339,16 +356,10 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
     device = q.get_device()
-    # From shapes: the page table's entries x page size bound the keys. Decode-like batches pack
-    # the query heads of a KV head and split (both page sizes); unpacked, page size 1 does not
-    # split: its split program fails TileLang's sync planner (gqa_prefill_split, TUNING.md).
-    shares = 1
-    pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
-    if pack or page_size in SPLIT_PAGE_SIZES:
-        shares = kv_shares(
-            total_q, batch, num_kv_indices * page_size, _sm_count(device),
-            **(dict(block_M=PACK_BLOCK_M, pack=True) if pack else {}),
-        )  # fmt: skip
+    pack, shares = paged_plan(
+        _DTYPES[q.dtype], page_size, fp8, total_q, batch, num_kv_indices * page_size,
+        _sm_count(device),
+    )  # fmt: skip
     variant = dict(fp8=True) if fp8 else {}
     if pack:
         variant.update(pack=True)

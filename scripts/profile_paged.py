@@ -5,6 +5,8 @@ pairs them), launched twice to warm up, then once between cudaProfilerStart/Stop
     ncu --profile-from-start off -k regex:"wgmma|main_kernel" --launch-count 1 --set full \\
         python scripts/profile_paged.py tilelang_paged_ps1 [workload]
 
+FP8 solutions (a name with "fp8": tilelang_fp8kv, cuda_fp8kv) get FP8 caches of page size 64.
+
 Per-instruction stall samples (where warp-specialized kernels lose time, by warp role):
     ncu ... --section SourceCounters -o report python scripts/profile_paged.py SOLUTION
     ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv
@@ -17,17 +19,21 @@ import torch
 from paged_vs_ragged import gathered
 
 from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
-from prefill_bundle.workloads import PAGED_BATCHES
+from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES
 
 
 def main():
     name = sys.argv[1]
     workload = sys.argv[2] if len(sys.argv) > 2 else "chunked_prefill_2k_over_8k"
     batch = next(b for b in PAGED_BATCHES if b.name == workload)
-    page_size = int(name.rsplit("ps", 1)[1]) if "_ps" in name else 1
-    case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix)
+    fp8 = "fp8" in name  # FP8 caches: page size 64, the workloads' scales
+    page_size = 64 if fp8 else int(name.rsplit("ps", 1)[1]) if "_ps" in name else 1
+    case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix,
+                     fp8_scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())  # fmt: skip
     paged = make_inputs(case, "cuda", seed=0)
-    paged = [x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x for x in paged]
+    # NaN in unused cache slots to 0 (FP8 through fp32: nan_to_num has no float8 kernel).
+    paged = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and x.is_floating_point()
+             else x for x in paged]  # fmt: skip
     args = gathered(case, paged) if name.endswith("_ragged") else paged
     fn = build_solution(name)
     outputs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []

@@ -96,10 +96,17 @@ def test_fp8_loads_pages_by_tma_and_converts():
     assert "consumed[0].init(128);" in source and "consumed[1].init(128);" in source
     assert "__sync_thread_partial(11," not in source  # no named barrier a tile of its own
     # The conversion: 8 FP8 values per thread and step (an 8-byte shared load), bit-level for
-    # bfloat16, one 16-byte store into the swizzled ring slot; fenced for wgmma's async proxy.
+    # bfloat16, one 16-byte store into the swizzled ring slot; 8 steps a call, their 8 loads
+    # before the first store (one call site a tile, K and V: 2 calls a thread each); fenced for
+    # wgmma's async proxy.
     assert "prmt.b32" in source and "mul.rn.bf16x2" in source
-    assert source.count("tl_e4m3x8_to_bf16x8((&(((fp8_e4_t*)K8)[") == 1
-    assert source.count("tl_e4m3x8_to_bf16x8((&(((fp8_e4_t*)V8)[") == 1
+    assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)K8)[") == 1
+    assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)V8)[") == 1
+    assert "for (int j = 0; j < 2; ++j) {\n" in source
+    prelude = source[source.index("void tl_e4m3x8_to_bf16x8_x8(") :]
+    prelude = prelude[: prelude.index("\n}\n")]
+    loads = [prelude.index(f"const uint2 a{u} = ") for u in range(8)]
+    assert max(loads) < prelude.index("tl_e4m3x8_store_bf16x8(a0, d0);")
     assert source.count("__tl_cvt_e4m3x2_to_bfloat162(") == 4  # the gathered V pages only
     conversion = source[
         source.index("k8_full[(g & 1)].wait(") : source.index("v_full[(g & 1)].arrive()")

@@ -53,6 +53,13 @@ VECTOR = 8  # FP8 values a thread converts per step: an 8-byte load, a 16-byte s
 BF16_SELECTORS = (0x9180, 0xB3A2)
 BF16_MASK = 0x87F087F0
 BF16_2_POW_120 = 0x7B80
+GROUP = 8  # conversion steps a call (tl_e4m3x8_to_bf16x8_x8): their loads in flight together
+SOURCES = ", ".join(f"const void* s{u}" for u in range(GROUP))
+DESTINATIONS = ", ".join(f"void* d{u}" for u in range(GROUP))
+LOADS = "\n".join(
+    f"  const uint2 a{u} = *reinterpret_cast<const uint2*>(s{u});" for u in range(GROUP)
+)
+STORES = "\n".join(f"  tl_e4m3x8_store_bf16x8(a{u}, d{u});" for u in range(GROUP))
 FP8_TO_BF16 = f"""
 __device__ __forceinline__ unsigned int tl_e4m3x2_bf16x2(unsigned int x, unsigned int sel) {{
   unsigned int d;
@@ -61,14 +68,20 @@ __device__ __forceinline__ unsigned int tl_e4m3x2_bf16x2(unsigned int x, unsigne
   asm("mul.rn.bf16x2 %0, %0, %1;" : "+r"(d) : "r"({BF16_2_POW_120 * 0x10001:#x}u));
   return d;
 }}
-__device__ __forceinline__ void tl_e4m3x8_to_bf16x8(const void* src, void* dst) {{
-  const uint2 in = *reinterpret_cast<const uint2*>(src);
+__device__ __forceinline__ void tl_e4m3x8_store_bf16x8(uint2 in, void* dst) {{
   uint4 out;
   out.x = tl_e4m3x2_bf16x2(in.x, {BF16_SELECTORS[0]:#x}u);
   out.y = tl_e4m3x2_bf16x2(in.x, {BF16_SELECTORS[1]:#x}u);
   out.z = tl_e4m3x2_bf16x2(in.y, {BF16_SELECTORS[0]:#x}u);
   out.w = tl_e4m3x2_bf16x2(in.y, {BF16_SELECTORS[1]:#x}u);
   *reinterpret_cast<uint4*>(dst) = out;
+}}
+// {GROUP} steps of 8 values: every 8-byte load before the first store. One step a call kept a
+// single load in flight: ptxas cannot move a shared load above the previous step's store (they
+// may alias), so each conversion waited the load's full latency (ncu: the producer's top stall).
+__device__ __forceinline__ void tl_e4m3x8_to_bf16x8_x{GROUP}({SOURCES}, {DESTINATIONS}) {{
+{LOADS}
+{STORES}
 }}
 """
 
@@ -169,16 +182,24 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
     def Convert(staged, b, shared, stage):
         """staged[b] into the ring slot shared[stage], the whole tile: a thread converts 8
         consecutive values a step (an 8-byte shared load, a 16-byte store into the swizzled
-        slot). A warp reads two contiguous 128-byte rows, each quarter warp stores 8 distinct
-        16-byte chunks of one swizzled row: no bank conflict either way."""
+        slot), GROUP steps a call (their loads first). A warp reads two contiguous 128-byte
+        rows, each quarter warp stores 8 distinct 16-byte chunks of one swizzled row: no bank
+        conflict either way."""
         if bits:
             lane = T.get_thread_binding() % LOADER_THREADS
-            for i in T.unroll(block_N * HEAD_DIM // (VECTOR * LOADER_THREADS)):
-                r = i * (LOADER_THREADS * VECTOR // HEAD_DIM) + lane // (HEAD_DIM // VECTOR)
-                c = lane % (HEAD_DIM // VECTOR) * VECTOR
+            steps = block_N * HEAD_DIM // (VECTOR * LOADER_THREADS)
+            assert steps % GROUP == 0, f"{steps} conversion steps in groups of {GROUP}"
+            c = lane % (HEAD_DIM // VECTOR) * VECTOR
+            for j in T.unroll(steps // GROUP):
+                rows = [
+                    (j * GROUP + u) * (LOADER_THREADS * VECTOR // HEAD_DIM)
+                    + lane // (HEAD_DIM // VECTOR)
+                    for u in range(GROUP)
+                ]  # fmt: skip
                 T.call_extern(
-                    "handle", "tl_e4m3x8_to_bf16x8",
-                    T.address_of(staged[b, r, c]), T.address_of(shared[stage, r, c]),
+                    "handle", f"tl_e4m3x8_to_bf16x8_x{GROUP}",
+                    *[T.address_of(staged[b, r, c]) for r in rows],
+                    *[T.address_of(shared[stage, r, c]) for r in rows],
                 )  # fmt: skip
         else:
             for r, c in T.Parallel(block_N, HEAD_DIM):
@@ -244,6 +265,9 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
     # setmaxnreg within the launch's 168 a thread: 72 + 2 x 216 = 504 = 3 x 168 (64 / 224 asked
     # 512: the consumers' setmaxnreg.inc never returned, the kernel hung). 0 spills both dtypes.
     fp8.producer_regs, fp8.consumer_regs = 72, 216
+    # GQA packing's one consumer warpgroup leaves room: the grouped conversion beside the Q
+    # gather spilled at 72.
+    fp8.packed_producer_regs = 96
     fp8.out_scale = lambda kv: kv[7]
     fp8.CopyK = fp8.CopyV = None  # the warp-specialized program only
     return fp8

@@ -99,8 +99,12 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     if steps.pack:
         # One consumer warpgroup: a pool of 256 a thread. The producer warp gathers Q too
         # (cp.async: 64-bit row addresses), which spilled at 24; beside page size 1's gather
-        # (its rows' page ids held a tile) it spilled 20 bytes at 56.
-        producer_regs = max(producer_regs, 56 if loader_warps == 1 else 72)
+        # (its rows' page ids held a tile) it spilled 20 bytes at 56, beside FP8's grouped
+        # conversion 284 bytes at 72 (its source's packed_producer_regs).
+        producer_regs = max(
+            producer_regs,
+            getattr(kv_source, "packed_producer_regs", 56 if loader_warps == 1 else 72),
+        )  # fmt: skip
     # setmaxnreg moves registers within the block's own pool, what the launch gave it: ptxas's
     # count per thread (65536 / threads down to a multiple of 8: 168 for 384 threads) times the
     # threads. A split over it never returns from the consumers' setmaxnreg.inc (the FP8 split

@@ -145,7 +145,7 @@ def test_paged_code_carries_no_fp8_policy(dtype):
 
 
 # Split-KV's kernels (decode-like batches, page size 64: 16-bit and FP8) and the merge.
-SPLIT_COMPILED = [("bfloat16", False), ("bfloat16", True)]
+SPLIT_COMPILED = [("bfloat16", False)]  # FP8 splits packed only (PACK_COMPILED)
 
 
 @pytest.mark.parametrize("dtype,fp8", SPLIT_COMPILED)
@@ -154,8 +154,7 @@ def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
     the register split and the 0-spill budget of the unsplit kernel hold."""
     kernels = kernel_module()
     assert {(d, p, f) for d, p, f in kernels.SPLIT_VARIANTS} == {
-        ("float16", 64, False), ("bfloat16", 64, False), ("float16", 64, True),
-        ("bfloat16", 64, True),
+        ("float16", 64, False), ("bfloat16", 64, False),
     }  # fmt: skip
     cache_dtype = kernels.FP8_E4M3 if fp8 else None
     kernel, ptxas = compile_fresh(

@@ -50,9 +50,12 @@ FP8_VARIANTS = ["float16", "bfloat16"]
 # TileLang 0.1.15's sync planner ("a required shared-memory sync inside a divergent region with
 # 209 participating threads"): it does not split yet (TUNING.md).
 SPLIT_PAGE_SIZES = (64,)
+# Decode-like batches pack (below), so the entry runs no unpacked split program; the 16-bit ones
+# stay compiled by the tests. FP8's (184 registers beside two consumer warpgroups) spilled 8
+# bytes with the grouped conversion: not a variant.
 SPLIT_VARIANTS = [
     (dtype, size, False) for dtype, size in PAGED_VARIANTS if size in SPLIT_PAGE_SIZES
-] + [(dtype, 64, True) for dtype in FP8_VARIANTS]
+]
 # GQA head packing (decode-like paged batches: gqa_prefill_split.decode_like) for the page sizes
 # here, 16-bit and FP8 caches (FP8: page size 64), split or not: (dtype, page size, FP8 caches).
 # Page size 1's packed split program passes TileLang's sync planner (its unpacked one does not).

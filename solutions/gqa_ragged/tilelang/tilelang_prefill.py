@@ -332,7 +332,7 @@ def paged_plan(dtype: str, page_size: int, fp8: bool, total_q: int, batch: int, 
         if (dtype, page_size, fp8) not in PACK_SPLIT_VARIANTS:
             return True, 1
         return True, kv_shares(total_q, batch, kv_bound, num_sms, block_M=PACK_BLOCK_M, pack=True)
-    if page_size in SPLIT_PAGE_SIZES:
+    if page_size in SPLIT_PAGE_SIZES and not fp8:  # (1 share unless decode-like: packed above)
         return False, kv_shares(total_q, batch, kv_bound, num_sms)
     return False, 1
 

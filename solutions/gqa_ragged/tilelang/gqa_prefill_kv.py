@@ -14,7 +14,7 @@ gqa_prefill_steps.build_steps (build_kv). A source gives
   copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
   epilogue reads (paged only);
 - prelude: CUDA code heading the warp-specialized kernel's source (page size 1's row copy,
-  FP8's conversion), or None;
+  page size 64's page-id window, FP8's conversion), or None;
 - page size 64's (16-bit and FP8): StartItem, the producer's start of an item, before its
   wait for Q's buffer (LoadTile then takes the item's tile count); FP8's only
   (gqa_prefill_fp8): output_buffer (False: no output buffer).

@@ -104,6 +104,7 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
         assert "tl::tma_load(K_cache_desc" in source and "tl::tma_load(V_cache_desc" in source
         assert "(((int64_t)k_page_stride) * (int64_t)2)" in host
         assert "(((int64_t)v_page_stride) * (int64_t)2)" in host
+        check_page_id_window(source)
     else:
         assert "K_cache_desc" not in source  # gathered, not boxed
         assert "tl::warpgroup_reg_dealloc<56>" in source  # the loader warpgroup's registers
@@ -120,6 +121,25 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
         assert "cp.async.cg.shared.global [%0], [%1], 16, ignore;" in source
         assert "tl::cp_async_gs_conditional" not in source
         assert "(((((int)threadIdx.x) & 127) >> 4) * 64)" in source
+
+
+def check_page_id_window(source: str):
+    """Page size 64's producer warp reads no page id per tile: an item's first window of 32 ids
+    (a lane each) before its wait for Q's buffer, the next one in the tile loop before the
+    ring's waits (the window's last tile), and each tile shuffles its two ids from the held
+    window first (TUNING.md, Paged K/V)."""
+    window = "held[0] = tl_page_window((&(kv_indices[0])), "
+    assert source.count("tl_page_window(") == 3  # the prelude's definition, item start, loop
+    assert "kv_indices[(" not in source  # no indexed id load left
+    start = source.index(window)
+    assert start < source.index("q_empty[0].wait(", start)
+    loop = source.index("for (int k = 0; k < tiles; ++k) {", start)
+    # One shuffle a page of the tile (a loop nvcc unrolls), from lane 2 (k % 16) + p.
+    shuffle = source.index("__shfl_sync((uint)4294967295, held[0], (((k & 15) * 2) + p), 32)")
+    assert source.count("__shfl_sync((uint)4294967295, held[0], ") == 1
+    last_tile = source.index("if (((k & 15) == 15) & ((k + 1) < tiles)) {", loop)
+    next_window = source.index(window, loop)
+    assert loop < shuffle < last_tile < next_window < source.index("k_empty[(g & 1)].wait(", loop)
 
 
 @pytest.mark.parametrize("dtype,page_size", COMPILED_PAGED_VARIANTS)
@@ -163,6 +183,8 @@ def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
     source = kernel.get_kernel_source()
     assert "tl::wgmma_rs<" in source and "tl::tma_load(K_cache_desc" in source
     assert "float* __restrict__ Output" in source  # the workspace
+    if not fp8:
+        check_page_id_window(source)
     assert "Used 168 registers" in ptxas
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
@@ -194,6 +216,10 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     assert "Q_desc" not in source and "tl::mbarrier_cp_async_arrive(q_full[0]);" in source
     assert source.count("tl::cp_async_gs_conditional<16>((&(((bfloat16_t*)Q_shared)") == 1
     assert ("float* __restrict__ Output" in source) == split
+    if page_size == 64 and not fp8:
+        check_page_id_window(source)
+    else:
+        assert "tl_page_window" not in source
     assert "tl::warpgroup_reg_dealloc<%d>" % (96 if fp8 else 72 if page_size == 1 else 56) in source
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 

@@ -130,7 +130,7 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
         FP8, their barriers k8_full, v8_full (the first loader warp's 32 arrivals and the TMA
         bytes) and consumed (the 128 converting threads), and the staged tile's page ids (the
         first loader warp's registers)."""
-        pages, bad = source.alloc_scratch()
+        pages, bad = helpers.alloc_scratch()
         K8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
         V8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
         k8_full = T.alloc_barrier([32] * STAGING)

@@ -14,9 +14,10 @@ gqa_prefill_steps.build_steps (build_kv). A source gives
   copies; alloc_scratch / InitScratch / item_poisoned: what the loads keep, and the mark the
   epilogue reads (paged only);
 - prelude: CUDA code heading the warp-specialized kernel's source (page size 1's row copy,
-  FP8's conversion), or None;
-- FP8's only (gqa_prefill_fp8): StartItem (LoadTile then takes the item's tile count) and
-  output_buffer (False: no output buffer).
+  page size 64's page-id window, FP8's conversion), or None;
+- page size 64's (16-bit and FP8): StartItem, the producer's start of an item, before its
+  wait for Q's buffer (LoadTile then takes the item's tile count); FP8's only
+  (gqa_prefill_fp8): output_buffer (False: no output buffer).
 
 The layouts:
 - ragged: K and V [total_kv, 8, 128] at any token stride; kv_indptr indexes key rows. A tile is
@@ -77,6 +78,15 @@ __device__ __forceinline__ void tl_gather_row16(void* smem, const void* page0, u
   asm volatile("{ .reg .pred ignore; setp.eq.u32 ignore, %2, 0;"
                " cp.async.cg.shared.global [%0], [%1], 16, ignore; }"
                :: "r"(dst), "l"(src), "r"(read));
+}
+"""
+# Page size 64's window of page ids (HoldWindow): lane l reads ids[first + l] if l < count, else
+# -1 (nothing read). Written out in CUDA because TileLang's indexing widens the lane's index to
+# 64 bits and adds its own bounds test: the producer's 24 registers then spilled.
+PAGE_WINDOW = """
+__device__ __forceinline__ int tl_page_window(const int* ids, int first, int count) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  return lane < count ? __ldg(ids + first + lane) : -1;
 }
 """
 VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
@@ -213,6 +223,11 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         # (HoldPageIds).
         return T.alloc_local([2 if gather else pages_per_tile], T.int32), bad
 
+    def alloc_held_scratch():
+        """Page size 64, warp-specialized: alloc_scratch's (pages, bad), then the producer
+        warp's held window of page ids (HoldWindow: this lane's id)."""
+        return (*alloc_scratch(), T.alloc_local([1], T.int32))
+
     @T.macro
     def InitScratch(scratch):
         """No item marked: before any item is loaded, by one thread."""
@@ -245,15 +260,21 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     # Page size 64 ---------------------------------------------------------------------------
 
     @T.macro
+    def CheckPages(kv, scratch, k, seq_kv, item, ws):
+        """A bad id among scratch's tile (tile k's page ids) marks the item."""
+        pages = scratch[0]
+        for p in T.unroll(pages_per_tile):
+            if ((k * pages_per_tile + p) * page_size < seq_kv) & ~in_cache(kv, pages[p]):
+                MarkBad(scratch, item, ws)
+
+    @T.macro
     def FindPages(kv, scratch, k, kv_start, seq_kv, item, ws):
         """scratch's tile = the ids of tile k's pages (-1 past the sequence's pages); a bad
         one marks the item."""
         pages = scratch[0]
         for p in T.unroll(pages_per_tile):
             pages[p] = page_id(kv, kv_start, seq_kv, k * pages_per_tile + p)
-        for p in T.unroll(pages_per_tile):
-            if ((k * pages_per_tile + p) * page_size < seq_kv) & ~in_cache(kv, pages[p]):
-                MarkBad(scratch, item, ws)
+        CheckPages(kv, scratch, k, seq_kv, item, ws)
 
     def page_is_whole(kv, pages, k, seq_kv, p):
         """Every slot of the tile's page p is a key, on a page in the cache: its V may come in
@@ -420,19 +441,54 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     # Both page sizes ------------------------------------------------------------------------
 
+    # Page size 64: the warp-specialized producer warp holds its item's page ids 32 at a time
+    # (a window: 16 tiles), lane l the id of the window's page l, and each tile shuffles its
+    # pages' ids from their lanes; a window's last tile reads the next one (one coalesced load)
+    # before its waits, so the load's latency passes under them. Read and used per tile, the
+    # id sat in a uniform register, its R2UR right behind the load: the latency was exposed
+    # before every tile's checks and boxes (ncu: the producer's top stall). A lane's own id
+    # cannot live in a uniform register; ptxas kept one read a tile ahead there, R2UR again
+    # right behind the load. Two windows held (one read a window ahead) spilled at 24.
+    window_tiles = 32 // pages_per_tile
+
     @T.macro
-    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
+    def HoldWindow(kv, held, w, tiles, kv_start, seq_kv):
+        """held[0] = this lane's id of the item's page 32 w + lane, -1 past the pages its tiles
+        load that hold keys (the ids read per tile before) and outside kv_indices."""
+        first = kv_start + w * 32
+        pages = T.min(tiles * pages_per_tile, (seq_kv + page_size - 1) // page_size)
+        count = T.min(pages - w * 32, num_kv_indices - first)
+        held[0] = T.call_extern(
+            "int32", "tl_page_window", T.access_ptr(kv[4], "r"), first,
+            T.if_then_else(first >= 0, count, 0),
+        )  # fmt: skip
+
+    @T.macro
+    def StartItem(kv, scratch, ring, tiles, kv_start, seq_kv, kv_head):
+        """Page size 64, the producer warp at an item (tiles >= 1), before its wait for Q's
+        buffer: its first window of page ids."""
+        HoldWindow(kv, scratch[2], 0, tiles, kv_start, seq_kv)
+
+    @T.macro
+    def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles=None):
         """Producer (loader_warps warps): K and V of KV tile k, the g-th through the ring, each
         once the consumers have released its slot; the page ids are read before the wait.
         ring: K_shared, V_shared and their k_full, k_empty, v_full, v_empty barriers; scratch:
-        alloc_scratch's; item: the item's index for the bad-page mark."""
+        alloc_scratch's; item: the item's index for the bad-page mark. Page size 64: tiles,
+        the item's tile count; tile k's ids come from the held window (StartItem's, then the
+        one its last tile read), the same ids as read per tile before, so the same marks."""
         K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
         stage = g % num_stages
         phase = ((g // num_stages) & 1) ^ 1
         if gather:
             HoldPageIds(kv, scratch, k, kv_start, seq_kv, item)
         else:
-            FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
+            pages, held = scratch[0], scratch[2]
+            for p in T.unroll(pages_per_tile):
+                pages[p] = T.shfl_sync(held[0], k % window_tiles * pages_per_tile + p)
+            if (k % window_tiles == window_tiles - 1) & (k + 1 < tiles):
+                HoldWindow(kv, held, (k + 1) // window_tiles, tiles, kv_start, seq_kv)
+            CheckPages(kv, scratch, k, seq_kv, item, True)
         T.mbarrier_wait_parity(k_empty[stage], phase)
         if gather:
             GatherHeldRows(kv[0], K_shared, stage, kv_head, scratch[0])
@@ -474,12 +530,15 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     source = SimpleNamespace(
         page_size=page_size, kernel=kernel, loader_warps=loader_threads // 32,
-        alloc_scratch=alloc_scratch, InitScratch=InitScratch, item_poisoned=item_poisoned,
+        alloc_scratch=alloc_scratch if gather else alloc_held_scratch,
+        InitScratch=InitScratch, item_poisoned=item_poisoned,
         kv_indptr=lambda kv: kv[2], kv_rows=lambda kv: kv[3],
         seq_kv=seq_kv, entry_bad=entry_bad, sequence_ok=sequence_ok, LoadTile=LoadTile,
         CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
-        prelude=GATHER_ROW if gather else None,
+        prelude=GATHER_ROW if gather else PAGE_WINDOW,
     )  # fmt: skip
+    if not gather:
+        source.StartItem = StartItem  # LoadTile then takes the item's tile count
     if cache_dtype is None:
         return source
     # The FP8 policy (page size 64): its own arguments, scratch and producer loads, on these
@@ -487,6 +546,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     assert page_size == 64, "FP8 caches: page size 64"
     helpers = SimpleNamespace(
         cache=cache, Body=Body, FindPages=FindPages, page_is_whole=page_is_whole,
+        alloc_scratch=alloc_scratch,
         tile_is_whole=tile_is_whole,
         in_cache=in_cache, clamp=clamp, page_id=page_id, pages_per_tile=pages_per_tile,
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,

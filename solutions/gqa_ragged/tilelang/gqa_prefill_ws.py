@@ -117,7 +117,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     num_items = steps.item_heads * num_slots * steps.shares
     grid = T.min(num_items, num_sms) if persistent else num_items
     policy = T.GemmWarpPolicy.FullRow
-    # A K/V source that stages tiles ahead (FP8) starts each item's staging.
+    # A K/V source that reads ahead (page size 64: the first window of page ids; FP8: staged
+    # tiles) starts each item.
     StartItem = getattr(kv_source, "StartItem", None)
     LoadQ, FetchItem, ReceiveItem = item_steps(
         steps, consumer_threads, loader_warps, persistent, num_items, grid

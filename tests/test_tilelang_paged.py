@@ -385,16 +385,36 @@ def paged_params(cases):
     ]
 
 
-@needs_packed
-@pytest.mark.parametrize("case,config", paged_params(CPU_PAGED_CASES))
-def test_paged_program_on_cpu_matches_reference(case, config, cpu_paged_kernels, monkeypatch):
-    """NaN in every cache slot no sequence owns: V rows past kv_len must not reach P V."""
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config)
+def check_program_on_cpu(monkeypatch, kernels, case, config, shares=None, pack=None):
+    """The entry's paged program (split: shares > 1; packed) run on the CPU against the
+    reference."""
+    run_paged_on_cpu(monkeypatch, kernels, case.page_size, config, shares, pack=pack)
     inputs = make_inputs(case, "cpu")
     check_outputs(
         run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
         reference_outputs(case, inputs),
     )
+
+
+def check_malformed_program_on_cpu(monkeypatch, kernels, batch, shares=None, pack=None):
+    """A malformed page table through the paged program (split, packed) on the CPU: every row
+    written, poisoned rows NaN, the others right."""
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
+    run_paged_on_cpu(monkeypatch, kernels, batch.page_size, config, shares, pack=pack)
+    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0)
+    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], expected)
+
+
+@needs_packed
+@pytest.mark.parametrize("case,config", paged_params(CPU_PAGED_CASES))
+def test_paged_program_on_cpu_matches_reference(case, config, cpu_paged_kernels, monkeypatch):
+    """NaN in every cache slot no sequence owns: V rows past kv_len must not reach P V."""
+    check_program_on_cpu(monkeypatch, cpu_paged_kernels, case, config)
 
 
 @needs_packed
@@ -404,15 +424,7 @@ def test_paged_program_on_cpu_matches_reference(case, config, cpu_paged_kernels,
 def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
     """Rows of well-formed sequences right, rows that see a key on a bad page id NaN, every other
     row of a malformed sequence NaN, every row written."""
-    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config)
-    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
-    expected = malformed_paged_expected(batch, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0)
-    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_paged_outputs([output, lse], expected)
+    check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch)
 
 
 # Split-KV on the CPU: every batch through the split program (its shares' workspaces, then the
@@ -441,12 +453,7 @@ def test_split_program_on_cpu_matches_reference(case, config, shares, cpu_paged_
                                                 monkeypatch):  # fmt: skip
     """The shares' key ranges cover every key once (short sequences leave shares empty: 0 and
     -inf, weighed 0), the causal offset survives the clip, the merge recombines them."""
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config, shares, pack=False)
-    inputs = make_inputs(case, "cpu")
-    check_outputs(
-        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
-        reference_outputs(case, inputs),
-    )
+    check_program_on_cpu(monkeypatch, cpu_paged_kernels, case, config, shares, pack=False)
 
 
 @needs_packed
@@ -456,15 +463,7 @@ def test_split_program_on_cpu_matches_reference(case, config, shares, cpu_paged_
 def test_split_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
     """As unsplit: every share of a poisoned row NaN (bad page ids: the share that meets one),
     so the merged row is NaN; other rows right."""
-    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, 3, pack=False)
-    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
-    expected = malformed_paged_expected(batch, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0)
-    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_paged_outputs([output, lse], expected)
+    check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch, 3, pack=False)
 
 
 # GQA head packing on the CPU: every batch through the packed program (rows (token, query
@@ -487,12 +486,7 @@ def test_packed_program_on_cpu_matches_reference(case, config, shares, cpu_paged
                                                  monkeypatch):  # fmt: skip
     """Each row's token (its causal position) and query head, Q rows past total_q zero, the
     stores of rows past a sequence skipped; split: the workspace's unpacked rows merge."""
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, case.page_size, config, shares, pack=True)
-    inputs = make_inputs(case, "cpu")
-    check_outputs(
-        run_solution(solution_of(case.page_size), case, make_inputs(case, "cpu")),
-        reference_outputs(case, inputs),
-    )
+    check_program_on_cpu(monkeypatch, cpu_paged_kernels, case, config, shares, pack=True)
 
 
 @needs_packed
@@ -502,15 +496,7 @@ def test_packed_program_on_cpu_with_malformed_tables(batch, shares, cpu_paged_ke
                                                      monkeypatch):  # fmt: skip
     """A packed item poisons its token block's uncovered rows in all 4 query heads of its KV
     head; a bad page id NaNs the item's rows (every head of the group)."""
-    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
-    run_paged_on_cpu(monkeypatch, cpu_paged_kernels, batch.page_size, config, shares, pack=True)
-    inputs = malformed_paged_inputs(batch, "cpu", seed=4)
-    expected = malformed_paged_expected(batch, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0)
-    build_solution(solution_of(batch.page_size))(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_paged_outputs([output, lse], expected)
+    check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch, shares, pack=True)
 
 
 @needs_packed

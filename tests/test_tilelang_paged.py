@@ -345,7 +345,7 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     kernels = kernel_module()
     forced_pack = pack
 
-    def kernel(dtype, causal, device, page_size, split=False, pack=False):
+    def kernel(dtype, causal, device, page_size, fp8=False, split=False, pack=False):
         assert forced_pack is None or pack == forced_pack  # both page sizes pack
         tiles = CPU_PAGED_CONFIGS[page_size][config]
         if tiles is None:  # the ws program's tiles through the pipelined one

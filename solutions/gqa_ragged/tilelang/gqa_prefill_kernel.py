@@ -180,12 +180,10 @@ def compile_variant(
     workspaces; pack: GQA head packing); config defaults to block_config(dtype, causal), packed
     to pack_config()."""
     config = config or (pack_config() if pack else block_config(dtype, causal))
-    variant = dict(page_size=page_size, window=window, cache_dtype=cache_dtype)
-    if split:  # only then: the other variants' programs are built exactly as before
-        variant.update(split=True)
-    if pack:
-        variant.update(pack=True)
-    func = gqa_prefill(dtype, causal, num_sms=num_sms, **variant, **config)
+    func = gqa_prefill(
+        dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
+        cache_dtype=cache_dtype, split=split, pack=pack, **config,
+    )  # fmt: skip
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)
 
 

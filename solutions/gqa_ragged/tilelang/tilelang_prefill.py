@@ -58,7 +58,6 @@ from .gqa_prefill_kernel import (
     PACK_PAGE_SIZES,
     PACK_SPLIT_VARIANTS,
     PAGE_SIZES,
-    SPLIT_PAGE_SIZES,
     compile_merge,
     compile_variant,
     decode_like,
@@ -325,16 +324,12 @@ def paged_plan(dtype: str, page_size: int, fp8: bool, total_q: int, batch: int, 
                num_sms: int) -> tuple:  # fmt: skip
     """(pack, shares) from shapes; kv_bound: the page table's entries x page size. Decode-like
     batches pack the query heads of a KV head and split (both page sizes; float16 over FP8
-    caches packs unsplit: PACK_SPLIT_VARIANTS); unpacked, page size 1 does not split: its split
-    program fails TileLang's sync planner (gqa_prefill_split, TUNING.md)."""
-    pack = page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)
-    if pack:
-        if (dtype, page_size, fp8) not in PACK_SPLIT_VARIANTS:
-            return True, 1
-        return True, kv_shares(total_q, batch, kv_bound, num_sms, block_M=PACK_BLOCK_M, pack=True)
-    if page_size in SPLIT_PAGE_SIZES and not fp8:  # (1 share unless decode-like: packed above)
-        return False, kv_shares(total_q, batch, kv_bound, num_sms)
-    return False, 1
+    caches packs unsplit: PACK_SPLIT_VARIANTS); no other batch splits."""
+    if not (page_size in PACK_PAGE_SIZES and decode_like(total_q, batch)):
+        return False, 1  # kv_shares splits decode-like batches only: these pack
+    if (dtype, page_size, fp8) not in PACK_SPLIT_VARIANTS:
+        return True, 1
+    return True, kv_shares(total_q, batch, kv_bound, num_sms, block_M=PACK_BLOCK_M, pack=True)
 
 
 def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
@@ -360,14 +355,9 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
         _DTYPES[q.dtype], page_size, fp8, total_q, batch, num_kv_indices * page_size,
         _sm_count(device),
     )  # fmt: skip
-    variant = dict(fp8=True) if fp8 else {}
-    if pack:
-        variant.update(pack=True)
-    if shares > 1:
-        kernel = _kernel(q.dtype, True, device, page_size, split=True, **variant)
-        return kernel, pageless, indexless, num_pages, shares, _merge_kernel(q.dtype, device)
-    kernel = _kernel(q.dtype, True, device, page_size, **variant)
-    return kernel, pageless, indexless, num_pages, 1, None
+    kernel = _kernel(q.dtype, True, device, page_size, fp8=fp8, split=shares > 1, pack=pack)
+    merge = _merge_kernel(q.dtype, device) if shares > 1 else None
+    return kernel, pageless, indexless, num_pages, shares, merge
 
 
 def run_paged_ps64(

@@ -138,7 +138,7 @@ __device__ __forceinline__ void portable_attention(const Params& p, const typena
       scale_and_mask<kCausal>(s, p.scale_log2, t, key0, row_token, quad_lane);
     }
     float rescale[2];
-    softmax_tile(s, row_max, row_sum, rescale, 1.f);
+    softmax_tile</*kFtz=*/false>(s, row_max, row_sum, rescale, 1.f);
     rescale_rows(acc, rescale);
 
     cp_async_wait_all();  // V[n] has landed ...

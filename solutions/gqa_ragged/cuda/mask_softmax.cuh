@@ -123,13 +123,30 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kNB][4], float scale_l
   mask_tile<kCausal>(s, t, key0, row_token, quad_lane, band);
 }
 
+// 2^x. exp2f compiles (without --use_fast_math, as flashinfer-bench's builder compiles) to
+// ex2.approx.f32, which ptxas wraps in a subnormal range test and two FMULs: 3 more issue slots
+// per logit beside the one MUFU.EX2 (cuda/TUNING.md). kFtz: ex2.approx.ftz, the MUFU alone; it
+// flushes subnormal inputs and results to 0 (probabilities below 2^-126 of the row's max;
+// exp2(-inf) is still 0). The portable kernel keeps exp2f: at its 128-register cap the denser
+// schedule spilled.
+template <bool kFtz>
+__device__ __forceinline__ float exp2_base2(float x) {
+  if constexpr (kFtz) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2f(x);
+  }
+}
+
 // Online softmax over one tile of masked logits s, per row h (lane holds columns 2q, 2q+1 of
 // each n8 block), with the base-2 scale folded into one FFMA per element:
 // p = exp2(s * scale - max * scale), which needs scale > 0 (the max of the raw logits is then
 // the max of the scaled ones). s becomes P (unnormalized probabilities), the running max
 // (scaled) and this lane's partial row sums are updated, and rescale[h] is the factor by
-// which O's row h must be scaled.
-template <int kNB>
+// which O's row h must be scaled. kFtz: see exp2_base2.
+template <bool kFtz = true, int kNB>
 __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max)[2],
                                              float (&row_sum)[2], float (&rescale)[2],
                                              float scale) {
@@ -146,14 +163,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max
     // A row with nothing visible yet keeps max -inf: subtract 0 instead, so that
     // exp2(-inf - -inf) never makes a NaN (exp2(-inf) = 0 for the masked logits).
     const float base = new_max == -INFINITY ? 0.f : new_max;
-    rescale[h] = exp2f(row_max[h] - base);
+    rescale[h] = exp2_base2<kFtz>(row_max[h] - base);
     row_max[h] = new_max;
     float tile_sum = 0.f;
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(fmaf(s[nb][2 * h + e], scale, -base));
+        const float prob = exp2_base2<kFtz>(fmaf(s[nb][2 * h + e], scale, -base));
         s[nb][2 * h + e] = prob;
         tile_sum += prob;
       }

@@ -91,6 +91,17 @@ def resources_markdown(output: str, arch: str = "sm_90a") -> str:
     return "\n".join(lines) + "\n"
 
 
+def build_host_driver(nvcc: str, source: str, folder: Path, arch: str = "") -> Path:
+    """A host program of the tests (printing what the kernels' __host__ __device__ helpers
+    compute) compiled against the solution's headers; arch: an -arch its headers need."""
+    (folder / "driver.cu").write_text(source)
+    command = [nvcc, "-std=c++17", "-O1", *([f"-arch={arch}"] if arch else []), f"-I{SOURCE_DIR}"]
+    build = subprocess.run(command + [str(folder / "driver.cu"), "-o", str(folder / "driver")],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    return folder / "driver"
+
+
 def cuobjdump() -> str:
     import triton
 

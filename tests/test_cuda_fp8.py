@@ -29,7 +29,13 @@ import pytest
 import torch
 
 from prefill_bundle import REPO_ROOT
-from prefill_bundle.cuda_build import SOURCE_DIR, compile_entry, ptxas_report, sass
+from prefill_bundle.cuda_build import (
+    SOURCE_DIR,
+    build_host_driver,
+    compile_entry,
+    ptxas_report,
+    sass,
+)
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -175,25 +181,8 @@ int main() {
 def helpers(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    folder = tmp_path_factory.mktemp("fp8_helpers")
-    (folder / "driver.cu").write_text(DRIVER)
-    build = subprocess.run(
-        [
-            NVCC,
-            "-std=c++17",
-            "-O1",
-            "-arch=sm_80",
-            f"-I{SOURCE_DIR}",
-            str(folder / "driver.cu"),
-            "-o",
-            str(folder / "driver"),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(folder / "driver")], capture_output=True, text=True, check=True)
+    program = build_host_driver(NVCC, DRIVER, tmp_path_factory.mktemp("fp8_helpers"), "sm_80")
+    run = subprocess.run([str(program)], capture_output=True, text=True, check=True)
     rows = [list(map(int, line.split())) for line in run.stdout.splitlines()]
     return rows[:256], rows[256:]
 

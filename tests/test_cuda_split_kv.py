@@ -23,7 +23,7 @@ import subprocess
 
 import pytest
 
-from prefill_bundle.cuda_build import SOURCE_DIR
+from prefill_bundle.cuda_build import build_host_driver
 
 NVCC = shutil.which("nvcc")
 BLOCK_N = 128  # the Hopper kernels' key tile
@@ -90,17 +90,10 @@ int main() {
 def driver(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    folder = tmp_path_factory.mktemp("split_kv")
-    (folder / "driver.cu").write_text(DRIVER)
-    build = subprocess.run(
-        [NVCC, "-std=c++17", "-O1", "-arch=sm_90", f"-I{SOURCE_DIR}", str(folder / "driver.cu"),
-         "-o", str(folder / "driver")],  # fmt: skip
-        capture_output=True, text=True, timeout=600,
-    )
-    assert build.returncode == 0, build.stderr
+    program = build_host_driver(NVCC, DRIVER, tmp_path_factory.mktemp("split_kv"), "sm_90")
 
     def run(lines: list) -> list:
-        out = subprocess.run([str(folder / "driver")], input="".join(f"{x}\n" for x in lines),
+        out = subprocess.run([str(program)], input="".join(f"{x}\n" for x in lines),
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
         return [line.split() for line in out.splitlines()]
 

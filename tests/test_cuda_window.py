@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from prefill_bundle.cuda_build import SOURCE_DIR
+from prefill_bundle.cuda_build import build_host_driver
 
 NVCC = shutil.which("nvcc")
 TOKENS_PER_TILE = 32
@@ -62,17 +62,10 @@ WINDOWS = [0, 1, 5, 31, 32, 33, 63, 64, 100, 127, 128, 129, 300, 999]
 def tiles(tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    folder = tmp_path_factory.mktemp("key_band")
-    (folder / "driver.cu").write_text(DRIVER)
-    build = subprocess.run(
-        [NVCC, "-std=c++17", "-O1", f"-I{SOURCE_DIR}", str(folder / "driver.cu"), "-o",
-         str(folder / "driver")],  # fmt: skip
-        capture_output=True, text=True, timeout=600,
-    )
-    assert build.returncode == 0, build.stderr
+    program = build_host_driver(NVCC, DRIVER, tmp_path_factory.mktemp("key_band"))
     # The host runs the causal kernels for windows as long as every sequence's keys.
     cases = [(q, kv, w) for q, kv in SHAPES for w in WINDOWS if w < max(kv, 1)]
-    run = subprocess.run([str(folder / "driver")], input="".join(f"{q} {kv} {w}\n" for q, kv, w
+    run = subprocess.run([str(program)], input="".join(f"{q} {kv} {w}\n" for q, kv, w
                          in cases), capture_output=True, text=True, check=True)  # fmt: skip
     rows = [list(map(int, line.split())) for line in run.stdout.splitlines()]
     assert {tuple(r[:3]) for r in rows} == {c for c in cases if c[0] > 0}

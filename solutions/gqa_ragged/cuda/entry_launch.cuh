@@ -3,6 +3,8 @@
 // definitions' launch (page-table parameters, 4-D cache descriptors).
 #pragma once
 
+#include <algorithm>
+
 #include "entry_checks.cuh"
 
 namespace {
@@ -211,6 +213,22 @@ int64_t hopper_schedule(HopperParams& hp, int64_t num_items, const DLDevice& dev
   return num_items;
 }
 
+// The L2 budget of an item order's section (padded_item, locate_tile): the K/V that the items
+// in flight read together. Measured on the H100 (cuda/TUNING.md): 8 and 16 MB alike, 32 MB
+// slower on the padded batches (FA3's scheduler keeps 32 MB).
+constexpr int64_t kL2SectionBytes = int64_t(16) << 20;
+// Padded batches: (sequence, KV head) pairs per section, as many as have their K/V within the
+// budget.
+inline int l2_section_pairs(const Params& p, size_t element_bytes) {
+  const int pairs = p.batch * kNumKvHeads;
+  const int64_t pair_bytes = std::max<int64_t>(1, int64_t(p.seq_kv) * kHeadDim * 2 * element_bytes);
+  return static_cast<int>(std::clamp<int64_t>(kL2SectionBytes / pair_bytes, 1, pairs));
+}
+// Ragged and paged batches: keys of one KV head whose K/V fit the budget.
+inline int l2_section_keys(size_t element_bytes) {
+  return static_cast<int>(kL2SectionBytes / (kHeadDim * 2 * element_bytes));
+}
+
 // num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
 // kWindow: the sliding-window kernels (ragged, causal; params.window_left in [0, kv_rows)).
 template <typename T, bool kCausal, bool kRagged, bool kWindow = false>
@@ -251,6 +269,11 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
     const void* v = kv_rows > 0 ? params.v : params.q;
     hp.k_map = tensor_map(k, bf16, kNumKvHeads, kv_rows, params.k_stride, 1, Tiles::kBlockN);
     hp.v_map = tensor_map(v, bf16, kNumKvHeads, kv_rows, params.v_stride, 1, Tiles::kBlockN);
+    if constexpr (kRagged) {
+      hp.section_keys = l2_section_keys(sizeof(T));
+    } else {
+      hp.section_pairs = l2_section_pairs(params, sizeof(T));
+    }
     num_ctas = hopper_schedule<Tiles>(hp, num_items, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(hp);
   } else {
@@ -315,6 +338,7 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
       hp.p.lse = reinterpret_cast<float*>(workspace + part_bytes);
       hp.kv_shares = shares;
     }
+    hp.section_keys = l2_section_keys(kFp8 ? 1 : sizeof(T));
     num_ctas = hopper_schedule<PagedHopperTiles>(hp, num_items * shares, device, stream);
     hopper<<<static_cast<unsigned>(num_ctas), kWgmmaThreads, kHopperSmem, stream>>>(launch);
     if (shares > 1) {

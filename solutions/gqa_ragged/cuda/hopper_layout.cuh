@@ -28,6 +28,8 @@ struct HopperParams {
   int* scheduler;  // persistent kernels: int32[2] {items drawn, CTAs done}, zero between launches
   int num_items;   // work items (query tile slot x KV head x key share)
   int kv_shares;   // paged decode-like batches: key shares of each item's keys (<= 1: none)
+  int section_pairs;  // padded batches: (sequence, KV head) pairs per L2 section (padded_item)
+  int section_keys;   // ragged batches: keys whose K/V fit an L2 section of heads (locate_tile)
 };
 
 // The paged kernels' parameters: the Hopper ones, k_map / v_map 4-D views of the caches (page

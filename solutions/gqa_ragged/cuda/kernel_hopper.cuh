@@ -172,11 +172,13 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
               item_of_tile = item / hp.kv_shares;
             }
           }
+          if constexpr (!kRagged) item_of_tile = padded_item(p, hp.section_pairs, item_of_tile);
           w.kv_head = item_of_tile % kNumKvHeads;
           const int tile_slot = item_of_tile / kNumKvHeads;
           // Every item this thread draws passes here once, spare ones included.
           if (kRagged && !batch_ok) poison_slab<T, 1>(p, tile_slot, w.kv_head, 0);
-          if (Kv::template locate<kCausal>(p, args, tile_slot, batch_ok, w.t)) {
+          if (Kv::template locate<kCausal>(p, args, tile_slot, batch_ok, w.t, &w.kv_head,
+                                           hp.section_keys)) {
             if constexpr (kWindow) band.clip(w.t);  // keys from the band's first on
             if constexpr (KvSplitsKeys<Kv>::value) {
               if (hp.kv_shares > 1) {

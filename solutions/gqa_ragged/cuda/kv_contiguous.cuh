@@ -31,8 +31,9 @@ struct ContiguousKv {
 
   template <bool kCausal>
   __device__ __forceinline__ static bool locate(const Params& p, const Args&, int slot,
-                                                bool batch_ok, TileCoords& t) {
-    return locate_tile<kCausal, kRagged>(p, slot, batch_ok, t);
+                                                bool batch_ok, TileCoords& t,
+                                                int* kv_head = nullptr, int section_keys = 0) {
+    return locate_tile<kCausal, kRagged>(p, slot, batch_ok, t, {}, kv_head, section_keys);
   }
 
   // One thread's share of the portable kernel's K and V tiles: 4 of a tile's 64 rows

@@ -286,9 +286,11 @@ struct PagedKv {
 
   template <bool kCausal>
   __device__ __forceinline__ static bool locate(const Params& p, const PageTable& pages, int slot,
-                                                bool batch_ok, TileCoords& t) {
+                                                bool batch_ok, TileCoords& t,
+                                                int* kv_head = nullptr, int section_keys = 0) {
     return locate_tile<kCausal, true>(p, slot, batch_ok, t,
-                                      PagedKeys<kPageSize>{pages.last_page_len});
+                                      PagedKeys<kPageSize>{pages.last_page_len}, kv_head,
+                                      section_keys);
   }
 
   // The portable kernel's K/V tiles (64 keys): 4 rows (row_in_tile + 16 i) a thread, one

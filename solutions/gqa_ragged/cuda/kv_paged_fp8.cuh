@@ -360,8 +360,10 @@ struct PagedFp8Kv {
 
   template <bool kCausal>
   __device__ __forceinline__ static bool locate(const Params& p, const PageTable& pages, int slot,
-                                                bool batch_ok, TileCoords& t) {
-    return PagedKv<kPageSize>::locate<kCausal>(p, pages, slot, batch_ok, t);
+                                                bool batch_ok, TileCoords& t,
+                                                int* kv_head = nullptr, int section_keys = 0) {
+    return PagedKv<kPageSize>::locate<kCausal>(p, pages, slot, batch_ok, t, kv_head,
+                                               section_keys);
   }
 
   // The portable kernel's K/V tiles: PagedKv<64>::RowLoader's rows and chunks (4 rows a thread,

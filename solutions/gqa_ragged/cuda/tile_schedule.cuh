@@ -110,12 +110,42 @@ struct RowsAreKeys {
   __device__ __forceinline__ int operator()(int /*seq*/, int entries) const { return entries; }
 };
 
+// The order in which items are drawn, in L2 sections. Items are numbered level * units + unit:
+// each level (query tiles at the same place from the end: level 0, the last tiles, the
+// heaviest under a causal mask) over every unit ((sequence, KV head) pairs of a padded batch,
+// the KV heads of a ragged sequence) before the next level. All items of a unit read its K/V,
+// so drawn in that order the items in flight touch every unit's K/V at once: 8x2048's 64 MB of
+// K/V missed L2 (DRAM 65% busy against FlashInfer's 17% under ncu; cuda/TUNING.md). Drawn
+// instead in sections of `section` units whose K/V fit L2 (the host's l2_section_pairs and
+// l2_section_keys), each section level by level: draw `item` takes the item returned (in the
+// numbering above; a bijection of [0, levels * units)).
+__host__ __device__ __forceinline__ int l2_section_order(int item, int units, int levels,
+                                                         int section) {
+  const int s = item / (section * levels);
+  const int within = item - s * section * levels;
+  const int size = section < units - s * section ? section : units - s * section;  // last: fewer
+  return within / size * units + s * section + within % size;
+}
+
+// Padded batches: the item drawn `item`-th, as locate_tile numbers them (slot * kNumKvHeads +
+// kv_head, slot = local * batch + seq: the units are (seq, kv head) pairs).
+__device__ __forceinline__ int padded_item(const Params& p, int section_pairs, int item) {
+  return l2_section_order(item, p.batch * kNumKvHeads, p.tiles_per_seq, section_pairs);
+}
+
 // The query tile of CTA slot `slot` (blockIdx.x / 8); false for a spare slot (uniform over
 // the CTA, which then returns) and, in a malformed batch (!batch_ok), for a slot of a sequence
 // that is not well-formed.
+//
+// Ragged batches go sequence by sequence. With section_keys > 0 (the Hopper kernels: keys of
+// one KV head whose K/V fit the L2 budget, l2_section_keys on the host) a sequence of seq_kv
+// keys draws its items in sections of section_keys / seq_kv KV heads (1 to 8; the units of
+// l2_section_order, its slots the levels): kv_head (in: the drawn item's) and the slot become
+// those of the item drawn there, a bijection of the sequence's items.
 template <bool kCausal, bool kRagged, typename SequenceKeys = RowsAreKeys>
 __device__ __forceinline__ bool locate_tile(const Params& p, int slot, bool batch_ok,
-                                            TileCoords& t, const SequenceKeys& keys = {}) {
+                                            TileCoords& t, const SequenceKeys& keys = {},
+                                            int* kv_head = nullptr, int section_keys = 0) {
   // Row indices fit in 32 bits (the host checks batch * seq_q and batch * seq_kv); element
   // offsets are 64-bit.
   int q_start, seq_q, local;
@@ -143,7 +173,15 @@ __device__ __forceinline__ bool locate_tile(const Params& p, int slot, bool batc
     t.kv_start = kv_begin;
     seq_q = q_end - q_begin;
     t.seq_kv = keys(lo, kv_end - kv_begin);
-    local = slot - (qo_begin / kTokensPerTile + lo);
+    const int first_slot = qo_begin / kTokensPerTile + lo;
+    local = slot - first_slot;
+    if (section_keys > 0 && t.seq_kv > 0 && section_keys / t.seq_kv < kNumKvHeads) {
+      const int slots = __ldg(p.qo_indptr + lo + 1) / kTokensPerTile + lo + 1 - first_slot;
+      const int item = l2_section_order(local * kNumKvHeads + *kv_head, kNumKvHeads, slots,
+                                        max(1, section_keys / t.seq_kv));
+      local = item / kNumKvHeads;
+      *kv_head = item % kNumKvHeads;
+    }
   } else {
     // Every sequence's last tiles first (the heaviest under a causal mask): the persistent
     // Hopper kernel takes slots in this order.

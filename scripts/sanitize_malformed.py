@@ -37,6 +37,12 @@ from prefill_bundle.testing import (
 )
 
 VALID = MalformedBatch("valid_partition", (0, 30, 70, 100), (0, 40, 80, 120))
+# Sequences long enough that CUDA's Hopper kernels draw their KV heads in L2 sections
+# (locate_tile: above 4096 keys of 16-bit K/V), valid and beside malformed entries.
+LONG = [
+    MalformedBatch("long_valid", (0, 300, 400, 600), (0, 9000, 9500, 9700), 600, 9700),
+    MalformedBatch("long_then_garbage", (0, 300, 600, 500), (0, 9000, 9700, 9600), 600, 9700),
+]
 DEFINITIONS = (RAGGED, SWA, *PAGE_SIZES, PAGED_FP8)
 OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author != BASELINE_AUTHOR]
 
@@ -59,7 +65,7 @@ for name in names:
         inputs_of, expected_of = malformed_inputs, malformed_expected
         check = check_malformed_outputs
     else:
-        batches = [VALID, *MALFORMED_BATCHES]
+        batches = [VALID, *MALFORMED_BATCHES, *LONG]
         inputs_of, expected_of, check = (
             malformed_inputs,
             malformed_expected,

@@ -6,6 +6,9 @@ pairs them), launched twice to warm up, then once between cudaProfilerStart/Stop
         python scripts/profile_paged.py tilelang_paged_ps1 [workload]
 
 FP8 solutions (a name with "fp8": tilelang_fp8kv, cuda_fp8kv) get FP8 caches of page size 64.
+A padded shape instead of a workload, for the mini definition's solutions (cuda_mini,
+flashinfer_mini, ...): `padded:BATCH,SEQ_Q,SEQ_KV,CAUSAL`, e.g. padded:8,2048,2048,1. The solution
+may be a Solution JSON file (an earlier version, `git show REV:solutions/...json > old.json`).
 
 Per-instruction stall samples (where warp-specialized kernels lose time, by warp role):
     ncu ... --section SourceCounters -o report python scripts/profile_paged.py SOLUTION
@@ -14,28 +17,56 @@ The findings are in each backend's TUNING.md (paged sections).
 """
 
 import sys
+from pathlib import Path
 
 import torch
+from flashinfer_bench import Solution
+from flashinfer_bench.compile import BuilderRegistry
 from paged_vs_ragged import gathered
 
-from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import (
+    PaddedCase,
+    PagedCase,
+    build_solution,
+    load_definition,
+    make_inputs,
+    poisoned_outputs,
+)
 from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES
+
+
+def build(name: str):
+    """The packed solution NAME, or the one in a Solution JSON file."""
+    if not name.endswith(".json"):
+        return build_solution(name)
+    solution = Solution.model_validate_json(open(name).read())
+    return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
 
 
 def main():
     name = sys.argv[1]
     workload = sys.argv[2] if len(sys.argv) > 2 else "chunked_prefill_2k_over_8k"
+    if workload.startswith("padded:"):
+        batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
+        case = PaddedCase(batch, seq_q, seq_kv, bool(causal))
+        profile(build(name), case, make_inputs(case, "cuda", seed=0))
+        return
     batch = next(b for b in PAGED_BATCHES if b.name == workload)
-    fp8 = "fp8" in name  # FP8 caches: page size 64, the workloads' scales
-    page_size = 64 if fp8 else int(name.rsplit("ps", 1)[1]) if "_ps" in name else 1
+    stem = Path(name).stem  # a JSON file's solution: its file name
+    fp8 = "fp8" in stem  # FP8 caches: page size 64, the workloads' scales
+    page_size = 64 if fp8 else int(stem.rsplit("ps", 1)[1]) if "_ps" in stem else 1
     case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix,
                      fp8_scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())  # fmt: skip
     paged = make_inputs(case, "cuda", seed=0)
     # NaN in unused cache slots to 0 (FP8 through fp32: nan_to_num has no float8 kernel).
     paged = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and x.is_floating_point()
              else x for x in paged]  # fmt: skip
-    args = gathered(case, paged) if name.endswith("_ragged") else paged
-    fn = build_solution(name)
+    args = gathered(case, paged) if stem.endswith("_ragged") else paged
+    profile(build(name), case, args)
+
+
+def profile(fn, case, args):
+    """Two warm-up calls, then one between cudaProfilerStart and Stop."""
     outputs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
     for _ in range(2):
         fn(*args, *outputs)

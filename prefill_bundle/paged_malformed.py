@@ -37,6 +37,7 @@ class MalformedPagedBatch:
     kv_last_page_len: tuple | None = None
     dtype: torch.dtype = torch.bfloat16
     fp8: bool = False  # float8_e4m3fn caches with k_scale, v_scale (page size 64)
+    pages: int | None = None  # the cache's pages; None: 140 of 1 token or 12 of 64
 
     @property
     def definition(self) -> str:
@@ -50,7 +51,7 @@ class MalformedPagedBatch:
 
     @property
     def num_pages(self) -> int:
-        return 140 if self.page_size == 1 else 12
+        return self.pages or (140 if self.page_size == 1 else 12)
 
     def table(self) -> tuple:
         base = PS1 if self.page_size == 1 else PS64
@@ -108,6 +109,32 @@ def _batches(page_size: int, fp8: bool = False) -> list:
 
 MALFORMED_PAGED_BATCHES = _batches(64) + _batches(1)
 MALFORMED_FP8_BATCHES = _batches(64, fp8=True)
+
+
+def long_batches(page_size: int, fp8: bool = False) -> list:
+    """A batch whose first sequence has 9000 keys, so that CUDA's Hopper kernels draw its KV
+    heads in L2 sections (locate_tile), valid and with a bad page id in the middle of that
+    sequence: for compute-sanitizer (scripts/sanitize_malformed.py); too long for the CPU tests.
+    Pages shuffled over a cache a few pages larger than the table."""
+    keys = (9000, 300, 700)
+    pages = [-(-n // page_size) for n in keys]
+    last = tuple(n - (p - 1) * page_size for n, p in zip(keys, pages)) if page_size > 1 else None
+    num_pages = sum(pages) + 16
+    gen = torch.Generator().manual_seed(3)
+    ids = tuple(torch.randperm(num_pages, generator=gen)[: sum(pages)].tolist())
+    indptr = (0, pages[0], pages[0] + pages[1], sum(pages))
+    table = dict(kv_indptr=indptr, kv_indices=ids, kv_last_page_len=last, pages=num_pages)
+    return [
+        MalformedPagedBatch("long_valid", page_size, fp8=fp8, **table),
+        MalformedPagedBatch(
+            "long_bad_page",
+            page_size,
+            fp8=fp8,
+            **{**table, "kv_indices": _with(ids, pages[0] // 2, num_pages)},
+        ),
+    ]
+
+
 FP8_SCALES = (0.5, 1.25)  # k_scale, v_scale of the FP8 batches
 
 

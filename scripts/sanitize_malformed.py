@@ -9,7 +9,8 @@ what the contract says. memcheck itself reports any access outside an allocation
     compute-sanitizer --tool memcheck python scripts/sanitize_malformed.py
 
 The outputs live in tight allocations of their own (no guard space), so that a write one element
-past them is an error to memcheck. Run with --solutions NAME ... to restrict.
+past them is an error to memcheck. Run with --solutions NAME ... to restrict, --only TEXT to
+run only the batches whose id contains TEXT (e.g. --only long: the 9000-key batches).
 """
 
 import argparse
@@ -23,6 +24,7 @@ from prefill_bundle.paged_malformed import (
     MALFORMED_FP8_BATCHES,
     MALFORMED_PAGED_BATCHES,
     check_malformed_paged_outputs,
+    long_batches,
     malformed_paged_expected,
     malformed_paged_inputs,
 )
@@ -48,16 +50,19 @@ OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author !=
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--solutions", nargs="*", default=OURS)
-names = parser.parse_args().solutions
+parser.add_argument("--only", default="", help="run only the batches whose id contains this")
+args = parser.parse_args()
+names = args.solutions
 failures = cases = 0
 for name in names:
     run = build_solution(name)
     if "_paged_" in name or name.endswith("_fp8kv"):
         if name.endswith("_fp8kv"):
-            batches = MALFORMED_FP8_BATCHES
+            batches = MALFORMED_FP8_BATCHES + long_batches(64, fp8=True)
         else:
             page_size = int(name.rsplit("_ps", 1)[1])
             batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == page_size]
+            batches += long_batches(page_size)
         inputs_of, expected_of = malformed_paged_inputs, malformed_paged_expected
         check = check_malformed_paged_outputs
     elif name.endswith("_swa"):
@@ -71,7 +76,7 @@ for name in names:
             malformed_expected,
             check_malformed_outputs,
         )
-    for batch in batches:
+    for batch in [b for b in batches if args.only in b.id]:
         inputs = inputs_of(batch, "cuda", seed=11)
         expected = expected_of(batch, inputs)
         output = torch.full_like(inputs[0], -7.0)

@@ -22,6 +22,11 @@ CONFIGS = [
     dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True),
     dict(block_M=128, block_N=176, num_stages=2, ws=True),
     dict(block_M=128, block_N=128, num_stages=2, ws=True),
+    # cfg0 / cfg1 with CUDA's order: Q K^T and P V waited for before the softmax, P converted
+    # at its end (gqa_prefill_ws, softmax_beside_pv=False)
+    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
+         softmax_beside_pv=False),
+    dict(block_M=128, block_N=176, num_stages=2, ws=True, softmax_beside_pv=False),
 ]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

@@ -106,6 +106,7 @@ def gqa_prefill(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
+    softmax_beside_pv: bool = True,
 ):
     """Build the T.prim_func of one variant.
 
@@ -150,6 +151,8 @@ def gqa_prefill(
     asynchronous wgmma (softmax of tile k while P V of tile k - 1 runs); pingpong adds FA3's
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
+    softmax_beside_pv False (ws): Q K^T of tile k and P V of tile k - 1 both waited for before
+    the softmax of tile k, as the CUDA kernel orders them (gqa_prefill_ws).
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack
@@ -158,7 +161,7 @@ def gqa_prefill(
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms)
+        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms, softmax_beside_pv)
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

@@ -285,11 +285,12 @@ def _launcher(kernel):
 
 
 # The solution's own tiles, and small ones so that the small cases cross many tile boundaries
-# (block_M != block_N both ways).
+# (block_M != block_N both ways); one with the items in L2 sections of a budget so small that
+# the cases' sequences split their KV heads into sections of 1 to 4 (uneven ones included).
 CPU_CONFIGS = {
     "solution_tiles": None,
     "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
-    "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
+    "tiles32x16_sections": dict(block_M=32, block_N=16, num_stages=2, l2_section_keys=96),
 }
 
 

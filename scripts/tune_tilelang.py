@@ -40,6 +40,10 @@ CONFIGS = [
          softmax_beside_pv=False, l2_section_keys=SECTION_KEYS, causal=True),
     dict(block_M=128, block_N=176, num_stages=2, ws=True, softmax_beside_pv=False,
          l2_section_keys=SECTION_KEYS, causal=False),
+    # cfg0 with the output stored from registers (no output buffer: the epilogue's two
+    # 256-thread barriers go)
+    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
+         output_from_registers=True, causal=True),
 ]  # fmt: skip
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip

@@ -116,6 +116,7 @@ def gqa_prefill(
     split: bool = False,
     pack: bool = False,
     softmax_beside_pv: bool = True,
+    output_from_registers: bool = False,
     l2_section_keys: int = 0,
 ):
     """Build the T.prim_func of one variant.
@@ -163,6 +164,7 @@ def gqa_prefill(
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     softmax_beside_pv False (ws): Q K^T of tile k and P V of tile k - 1 both waited for before
     the softmax of tile k, as the CUDA kernel orders them (gqa_prefill_ws).
+    output_from_registers (ws): the output stored from the accumulators, no output buffer.
 
     l2_section_keys (0: off): a long sequence's items in sections of KV heads whose K/V fit L2
     (gqa_prefill_steps.build_steps; l2_section_keys(cache element bytes) gives the budget's).
@@ -175,7 +177,10 @@ def gqa_prefill(
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms, softmax_beside_pv)
+        return gqa_prefill_ws(
+            steps, num_stages, pingpong, persistent, num_sms, softmax_beside_pv,
+            output_from_registers,
+        )  # fmt: skip
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

@@ -30,6 +30,7 @@ def consumer_threads_of(block_M: int) -> int:
 def gqa_prefill_ws(
     steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int,
     softmax_beside_pv: bool = True,
+    output_from_registers: bool = False,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
 
@@ -43,6 +44,9 @@ def gqa_prefill_ws(
     GEMMs. softmax_beside_pv False: CUDA's Hopper kernel's order instead: Q K^T of tile k and
     P V of tile k - 1 issued together and both waited for, then the softmax of tile k with P's
     conversion at its end (the other consumer warpgroup's GEMMs fill the tensor cores meanwhile).
+    output_from_registers: each thread stores its own output elements, without the output
+    buffer; through the buffer (the default) TileLang's copy-out reads rows that the other
+    consumer warpgroup staged, so both warpgroups meet at two barriers at every item's end.
 
     The producer warp takes the work items and hands each to the consumers through a 2-slot
     shared buffer (item_full / item_empty barriers), so the consumers never wait for the sequence
@@ -317,7 +321,10 @@ def gqa_prefill_ws(
             # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
             # from registers (O_shared None).
             # Split: the shares' fp32 outputs go out from registers too.
-            if steps.split or steps.pack or not getattr(kv_source, "output_buffer", True):
+            if (
+                steps.split or steps.pack or output_from_registers
+                or not getattr(kv_source, "output_buffer", True)
+            ):  # fmt: skip
                 O_shared = None
             else:
                 O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared

@@ -118,6 +118,7 @@ def gqa_prefill(
     softmax_beside_pv: bool = True,
     output_from_registers: bool = False,
     l2_section_keys: int = 0,
+    prefetch_ids: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -168,10 +169,11 @@ def gqa_prefill(
 
     l2_section_keys (0: off): a long sequence's items in sections of KV heads whose K/V fit L2
     (gqa_prefill_steps.build_steps; l2_section_keys(cache element bytes) gives the budget's).
+    prefetch_ids (page size 1, ws): page ids read a tile ahead (gqa_prefill_kv.HoldPageIds).
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
-        l2_section_keys,
+        l2_section_keys, prefetch_ids,
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:

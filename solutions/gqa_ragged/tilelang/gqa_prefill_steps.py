@@ -66,6 +66,7 @@ def build_steps(
     split: bool = False,
     pack: bool = False,
     l2_section_keys: int = 0,
+    prefetch_ids: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -103,6 +104,9 @@ def build_steps(
     query heads side by side, all the sequence's slots, last first) before the next section
     (SectionItem), as the CUDA kernel's l2_section_order: the K/V that the items in flight read
     then fit L2. A sequence whose 8 KV heads fit keeps the order above.
+
+    prefetch_ids (page size 1, warp-specialized): the loaders read page ids a tile ahead
+    (gqa_prefill_kv.HoldPageIds).
     """
     assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
     assert not split or (causal and page_size is not None), "split-KV: causal, paged K/V"
@@ -125,7 +129,7 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    kv_source = build_kv(page_size, dims, cache_dtype)
+    kv_source = build_kv(page_size, dims, cache_dtype, prefetch_ids)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 

@@ -299,16 +299,35 @@ def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> Non
     check_placement(names, tensors, interpreted)
 
 
+_STRIDED = frozenset(PADDED_INPUTS + PAGED_CACHES)  # checked by check_layout's stride rules
+
+
 def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
     """Every call: the other tensors contiguous, 16-byte aligned data pointers, one device (a
-    GPU unless interpreted)."""
+    GPU unless interpreted). One pass of cheap reads when all is well (this runs on every
+    call, on the host's clock); the first failed rule then names its argument."""
+    index = tensors[0].get_device()  # -1 off the GPU; much cheaper to read than .device.type
+    if index >= 0:
+        for name, x in zip(names, tensors):
+            if (
+                x.data_ptr() % 16 or x.get_device() != index
+                or (name not in _STRIDED and not x.is_contiguous())
+            ):  # fmt: skip
+                break
+        else:
+            return
+    _name_misplaced(names, tensors, interpreted)
+
+
+def _name_misplaced(names: tuple, tensors: tuple, interpreted: bool) -> None:
+    """check_placement's rules one by one, failing on the first broken one."""
     for name, x in zip(names, tensors):
-        if name not in PADDED_INPUTS + PAGED_CACHES and not x.is_contiguous():
+        if name not in _STRIDED and not x.is_contiguous():
             fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
         if x.data_ptr() % 16:
             fail(name, "a 16-byte aligned data pointer", hex(x.data_ptr()))
     first = tensors[0]
-    index = first.get_device()  # -1 off the GPU; much cheaper to read than .device.type
+    index = first.get_device()
     if index < 0 and not interpreted:
         fail(names[0], "a CUDA tensor", f"one on {first.device}")
     for name, x in zip(names[1:], tensors[1:]):

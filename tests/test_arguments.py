@@ -417,3 +417,45 @@ def test_validation_mode_names_the_first_bad_position(backend, qo, kv, position,
     pattern = rf"^\w+_indptr: expected non-decreasing .*{re.escape(position)}"
     with pytest.raises(ValueError, match=pattern):
         run(*ragged_args(qo_indptr=qo, kv_indptr=kv))
+
+
+class _OnDevice:
+    """A tensor stand-in on GPU `index`: check_placement's GPU path (one pass of cheap reads,
+    then the rules one by one for the message) runs here without a GPU."""
+
+    def __init__(self, index=0, ptr=1024, contiguous=True):
+        self.index, self.ptr, self.contiguous = index, ptr, contiguous
+        self.device = f"cuda:{index}"
+
+    def get_device(self):
+        return self.index
+
+    def data_ptr(self):
+        return self.ptr
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def stride(self):
+        return (1, 128)
+
+
+@pytest.mark.parametrize(
+    "position, changes, message",
+    [
+        (None, {}, None),
+        (1, dict(ptr=1032), "k: expected a 16-byte aligned data pointer, got 0x408"),
+        (5, dict(index=1), "output: expected a tensor on cuda:0 (q's device), got one on cuda:1"),
+        (6, dict(contiguous=False), "lse: expected a contiguous tensor"),
+        (1, dict(contiguous=False), None),  # k: check_layout's stride rules, not contiguity
+    ],
+)
+def test_placement_on_a_gpu(position, changes, message):
+    tensors = [_OnDevice() for _ in arguments.RAGGED_NAMES]
+    if position is not None:
+        tensors[position] = _OnDevice(**changes)
+    if message is None:
+        assert arguments.check_placement(arguments.RAGGED_NAMES, tuple(tensors)) is None
+    else:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+            arguments.check_placement(arguments.RAGGED_NAMES, tuple(tensors))

@@ -6,8 +6,9 @@ included), interleaved (A B A B) because the card heats up within a call; best o
     python scripts/compare_gpu.py triton_ragged --old OLD/triton_ragged.json   # A/B a change
 
 --old takes Solution JSON files of earlier versions (e.g. `git show REV:solutions/...json`),
-timed beside the current ones as "<name>@old"; kernel time (triton.testing.do_bench) is printed
-too, to tell a kernel change from a host one.
+timed beside the current ones as "<name>@old", or of variants (scripts/tilelang_variant.py),
+under their own names; kernel time (triton.testing.do_bench) is printed too, to tell a kernel
+change from a host one.
 """
 
 import argparse
@@ -55,7 +56,9 @@ for _name, _page_size in PAGE_SIZES.items():
 def compare(names, baseline, cases, old=()):
     runnables = {name: build_solution(name) for name in [baseline, *names]}
     for solution in old:
-        runnables[f"{solution.name}@old"] = BuilderRegistry.get_instance().build(
+        # an earlier version of a shipped solution, or a variant (tilelang_variant.py) by name
+        label = f"{solution.name}@old" if solution.name in runnables else solution.name
+        runnables[label] = BuilderRegistry.get_instance().build(
             load_definition(solution.definition), solution
         )
     names = list(runnables)

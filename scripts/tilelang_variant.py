@@ -1,0 +1,68 @@
+"""Write TileLang Solution JSONs whose kernels take extra knobs of gqa_prefill (tilelang/TUNING.md:
+softmax_beside_pv, output_from_registers, l2_section_keys, prefetch_ids, ...) on top of the
+shipped block_config, to time them beside the shipped solutions on the workloads:
+
+    python scripts/tilelang_variant.py softmax_beside_pv=False l2_section_keys=32768 --out .ab/v1
+    python scripts/compare_gpu.py tilelang_ragged tilelang_paged_ps1 --old .ab/v1/*.json
+
+Each variant is its own solution (named NAME__KNOB_VALUE_...): flashinfer-bench builds it into a
+module of its own, with its own kernel and plan caches, so compare_gpu.py interleaves it with
+the shipped one. The embedded gqa_prefill_kernel.py gets the knobs merged into block_config
+(the packed decode-like programs keep pack_config; a knob a program does not have is ignored
+there: gqa_prefill_kernel.gqa_prefill).
+"""
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+from prefill_bundle.testing import load_solution
+
+TILELANG = ["tilelang_mini", "tilelang_ragged", "tilelang_swa", "tilelang_paged_ps64",
+            "tilelang_paged_ps1", "tilelang_fp8kv"]  # fmt: skip
+OVERRIDE = '''
+
+# Variant knobs (scripts/tilelang_variant.py): merged into every block_config.
+_VARIANT_KNOBS = {knobs!r}
+_shipped_block_config = block_config
+
+
+def block_config(dtype, causal):
+    return {{**_shipped_block_config(dtype, causal), **_VARIANT_KNOBS}}
+'''
+
+
+def variant(name: str, knobs: dict):
+    """The Solution `name` with `knobs` merged into its kernels' block_config."""
+    solution = load_solution(name)
+    tag = re.sub(r"\W", "_", "_".join(f"{key}_{value}" for key, value in knobs.items()))
+    sources = []
+    for source in solution.sources:
+        if Path(source.path).name == "gqa_prefill_kernel.py":
+            source = source.model_copy(update={"content": source.content + OVERRIDE.format(
+                knobs=knobs)})  # fmt: skip
+        sources.append(source)
+    return solution.model_copy(update={"name": f"{name}__{tag}", "sources": sources})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("knobs", nargs="+", help="KNOB=VALUE (a Python literal)")
+    parser.add_argument("--out", required=True, help="folder for the variant JSONs")
+    parser.add_argument("--solutions", nargs="*", default=TILELANG)
+    options = parser.parse_args()
+    knobs = {}
+    for item in options.knobs:
+        key, _, value = item.partition("=")
+        knobs[key] = ast.literal_eval(value)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in options.solutions:
+        path = out / f"{name}.json"
+        path.write_text(variant(name, knobs).model_dump_json(indent=2))
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -28,7 +28,9 @@ from unittest import mock
 import pytest
 import tilelang
 import torch
+from flashinfer_bench.compile import BuilderRegistry
 
+from prefill_bundle import REPO_ROOT
 from prefill_bundle.testing import (
     CPU_FUSED_CASES,
     CPU_PADDED_CASES,
@@ -41,6 +43,7 @@ from prefill_bundle.testing import (
     check_malformed_outputs,
     check_outputs,
     fused_qkv_inputs,
+    load_definition,
     make_inputs,
     malformed_expected,
     malformed_inputs,
@@ -229,6 +232,25 @@ def test_entry_calls_the_kernels_entry_function():
         with pytest.raises(RuntimeError, match="main: num_args should be 10"):
             main()
 
+
+
+def test_variant_solutions_carry_their_knobs():
+    """scripts/tilelang_variant.py: a variant is a solution of its own whose kernels take the
+    knobs on top of the shipped block_config; the shipped solution's are untouched."""
+    spec = importlib.util.spec_from_file_location(
+        "tilelang_variant", REPO_ROOT / "scripts" / "tilelang_variant.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    knobs = dict(softmax_beside_pv=False, l2_section_keys=32768)
+    solution = script.variant("tilelang_ragged", knobs)
+    assert solution.name == "tilelang_ragged__softmax_beside_pv_False_l2_section_keys_32768"
+    runnable = BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
+    module = sys.modules[runnable.metadata.misc["module_name"]]
+    kernels = sys.modules[module.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
+    shipped = kernel_module().block_config("bfloat16", True)
+    assert kernels.block_config("bfloat16", True) == {**shipped, **knobs}
+    assert "softmax_beside_pv" not in shipped
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 

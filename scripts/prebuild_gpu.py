@@ -5,40 +5,76 @@ cache), so the benchmark then finds every build ready (13 solutions in 108 s on 
 host, 2026-11-25).
 
     python scripts/prebuild_gpu.py cuda_ragged tilelang_ragged triton_ragged ...
+
+A Solution JSON file (an earlier version, or a variant from scripts/tilelang_variant.py, named
+after the solution it varies) is built and warmed the same way. Every case's outputs are checked
+against the reference (prefill_bundle.testing.check_outputs), so a build that runs but computes
+wrongly is reported as FAILED here, before anything times it.
 """
 
 import multiprocessing as mp
 import sys
 import time
+from pathlib import Path
+
+
+def build(name: str):
+    """The packed solution NAME, or the one in a Solution JSON file."""
+    from flashinfer_bench import Solution
+    from flashinfer_bench.compile import BuilderRegistry
+
+    from prefill_bundle.testing import build_solution, load_definition
+
+    if not name.endswith(".json"):
+        return build_solution(name)
+    solution = Solution.model_validate_json(Path(name).read_text())
+    return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
 
 
 def warm(name: str) -> str:
     import torch
 
-    from prefill_bundle.testing import PaddedCase, PagedCase, RaggedCase, make_inputs, run_solution
+    from prefill_bundle.testing import (
+        PaddedCase,
+        PagedCase,
+        RaggedCase,
+        check_outputs,
+        make_inputs,
+        poisoned_outputs,
+        reference_outputs,
+    )
 
     start = time.time()
     dtypes = (torch.bfloat16, torch.float16)
-    if name.endswith("_mini"):
+    stem = Path(name).stem  # a JSON file's: the name of the solution it holds or varies
+    if stem.endswith("_mini"):
         cases = [PaddedCase(2, 300, 300, c, d) for c in (True, False) for d in dtypes]
-    elif name.endswith("_swa"):
+    elif stem.endswith("_swa"):
         cases = [RaggedCase((300, 5), (300, 40), d, window_left=64) for d in dtypes]
-    elif name.endswith("_fp8kv"):
+    elif stem.endswith("_fp8kv"):
         # and decode-like rows, which the plans split (split kernels, merge)
         cases = [PagedCase((100, 7), (300, 70), 64, fp8_scales=(0.5, 1.25)),
                  PagedCase((1, 1, 2, 1), (3000, 700, 5000, 64), 64, fp8_scales=(0.5, 1.25))]
-    elif "_paged_ps" in name:
-        page_size = int(name.rsplit("ps", 1)[1])
+    elif "_paged_ps" in stem:
+        page_size = int(stem.rsplit("ps", 1)[1])
         cases = [PagedCase(q_lens, kv_lens, page_size, d) for d in dtypes
                  for q_lens, kv_lens in (((100, 7), (300, 70)),
                                          ((1, 1, 2, 1), (3000, 700, 5000, 64)))]
     else:
         cases = [RaggedCase((300, 5), (300, 40), d) for d in dtypes]
     try:
+        runnable = build(name)
         for case in cases:
-            run_solution(name, case, make_inputs(case, "cuda"))
+            inputs = make_inputs(case, "cuda")
+            if runnable.metadata.destination_passing_style:
+                actual = poisoned_outputs(case, inputs)
+                runnable(*inputs, *actual)
+            else:
+                result = runnable(*inputs)
+                actual = list(result) if isinstance(result, (tuple, list)) else [result]
+            check_outputs(actual, reference_outputs(case, inputs))
         torch.cuda.synchronize()
-        return f"{name}: ok {time.time() - start:.0f} s"
+        return f"{name}: ok (outputs checked) {time.time() - start:.0f} s"
     except Exception as error:  # reported, never stopping the others
         return f"{name}: FAILED {type(error).__name__}: {str(error)[:300]}"
 

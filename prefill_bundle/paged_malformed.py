@@ -12,7 +12,7 @@ computed or NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -123,16 +123,10 @@ def long_batches(page_size: int, fp8: bool = False) -> list:
     gen = torch.Generator().manual_seed(3)
     ids = tuple(torch.randperm(num_pages, generator=gen)[: sum(pages)].tolist())
     indptr = (0, pages[0], pages[0] + pages[1], sum(pages))
-    table = dict(kv_indptr=indptr, kv_indices=ids, kv_last_page_len=last, pages=num_pages)
-    return [
-        MalformedPagedBatch("long_valid", page_size, fp8=fp8, **table),
-        MalformedPagedBatch(
-            "long_bad_page",
-            page_size,
-            fp8=fp8,
-            **{**table, "kv_indices": _with(ids, pages[0] // 2, num_pages)},
-        ),
-    ]
+    valid = MalformedPagedBatch("long_valid", page_size, kv_indptr=indptr, kv_indices=ids,
+                                kv_last_page_len=last, fp8=fp8, pages=num_pages)  # fmt: skip
+    bad = replace(valid, name="long_bad_page", kv_indices=_with(ids, pages[0] // 2, num_pages))
+    return [valid, bad]
 
 
 FP8_SCALES = (0.5, 1.25)  # k_scale, v_scale of the FP8 batches

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from flashinfer_bench import Definition, Solution
@@ -345,15 +346,33 @@ def load_solution(name: str) -> Solution:
     raise KeyError(f"no solution named {name!r} under solutions/")
 
 
-@lru_cache(maxsize=None)
-def build_solution(name: str):
-    """Build the packed solution exactly as flashinfer-bench does."""
-    solution = load_solution(name)
+def build_solution_object(solution: Solution):
+    """Build a Solution (an earlier version, a variant) exactly as flashinfer-bench does. Build a
+    variant from model_validate, not model_copy: a copy keeps the memoized hash the builder
+    caches builds by, and gets the original's build back."""
     return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
 
 
+@lru_cache(maxsize=None)
+def build_solution(name: str):
+    """Build the packed solution exactly as flashinfer-bench does."""
+    return build_solution_object(load_solution(name))
+
+
+def build_solution_or_file(name: str):
+    """The packed solution NAME, or the one in the Solution JSON file NAME (*.json)."""
+    if not name.endswith(".json"):
+        return build_solution(name)
+    return build_solution_object(Solution.model_validate_json(Path(name).read_text()))
+
+
 def run_solution(name: str, case, inputs) -> list:
-    runnable = build_solution(name)
+    return run_runnable(build_solution(name), case, inputs)
+
+
+def run_runnable(runnable, case, inputs) -> list:
+    """The outputs of a built solution on `inputs` (destination-passing ones into poisoned
+    buffers)."""
     if runnable.metadata.destination_passing_style:
         outputs = poisoned_outputs(case, inputs)
         runnable(*inputs, *outputs)

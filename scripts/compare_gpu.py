@@ -16,7 +16,6 @@ import argparse
 import triton.testing
 from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
-from flashinfer_bench.compile import BuilderRegistry
 
 from prefill_bundle import MINI, PAGE_SIZES, RAGGED
 from prefill_bundle.gpu_timing import clocks
@@ -25,7 +24,7 @@ from prefill_bundle.testing import (
     PagedCase,
     RaggedCase,
     build_solution,
-    load_definition,
+    build_solution_object,
     load_solution,
     make_inputs,
     poisoned_outputs,
@@ -58,9 +57,7 @@ def compare(names, baseline, cases, old=()):
     for solution in old:
         # an earlier version of a shipped solution, or a variant (tilelang_variant.py) by name
         label = f"{solution.name}@old" if solution.name in runnables else solution.name
-        runnables[label] = BuilderRegistry.get_instance().build(
-            load_definition(solution.definition), solution
-        )
+        runnables[label] = build_solution_object(solution)
     names = list(runnables)
     rows = []
     for case in cases:

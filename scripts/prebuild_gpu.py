@@ -18,19 +18,6 @@ import time
 from pathlib import Path
 
 
-def build(name: str):
-    """The packed solution NAME, or the one in a Solution JSON file."""
-    from flashinfer_bench import Solution
-    from flashinfer_bench.compile import BuilderRegistry
-
-    from prefill_bundle.testing import build_solution, load_definition
-
-    if not name.endswith(".json"):
-        return build_solution(name)
-    solution = Solution.model_validate_json(Path(name).read_text())
-    return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
-
-
 def warm(name: str) -> str:
     import torch
 
@@ -38,10 +25,11 @@ def warm(name: str) -> str:
         PaddedCase,
         PagedCase,
         RaggedCase,
+        build_solution_or_file,
         check_outputs,
         make_inputs,
-        poisoned_outputs,
         reference_outputs,
+        run_runnable,
     )
 
     start = time.time()
@@ -63,16 +51,10 @@ def warm(name: str) -> str:
     else:
         cases = [RaggedCase((300, 5), (300, 40), d) for d in dtypes]
     try:
-        runnable = build(name)
+        runnable = build_solution_or_file(name)
         for case in cases:
             inputs = make_inputs(case, "cuda")
-            if runnable.metadata.destination_passing_style:
-                actual = poisoned_outputs(case, inputs)
-                runnable(*inputs, *actual)
-            else:
-                result = runnable(*inputs)
-                actual = list(result) if isinstance(result, (tuple, list)) else [result]
-            check_outputs(actual, reference_outputs(case, inputs))
+            check_outputs(run_runnable(runnable, case, inputs), reference_outputs(case, inputs))
         torch.cuda.synchronize()
         return f"{name}: ok (outputs checked) {time.time() - start:.0f} s"
     except Exception as error:  # reported, never stopping the others

@@ -20,27 +20,16 @@ import sys
 from pathlib import Path
 
 import torch
-from flashinfer_bench import Solution
-from flashinfer_bench.compile import BuilderRegistry
 from paged_vs_ragged import gathered
 
 from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
-    build_solution,
-    load_definition,
+    build_solution_or_file,
     make_inputs,
     poisoned_outputs,
 )
 from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES
-
-
-def build(name: str):
-    """The packed solution NAME, or the one in a Solution JSON file."""
-    if not name.endswith(".json"):
-        return build_solution(name)
-    solution = Solution.model_validate_json(open(name).read())
-    return BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
 
 
 def main():
@@ -49,7 +38,7 @@ def main():
     if workload.startswith("padded:"):
         batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
         case = PaddedCase(batch, seq_q, seq_kv, bool(causal))
-        profile(build(name), case, make_inputs(case, "cuda", seed=0))
+        profile(build_solution_or_file(name), case, make_inputs(case, "cuda", seed=0))
         return
     batch = next(b for b in PAGED_BATCHES if b.name == workload)
     stem = Path(name).stem  # a JSON file's solution: its file name
@@ -62,7 +51,7 @@ def main():
     paged = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and x.is_floating_point()
              else x for x in paged]  # fmt: skip
     args = gathered(case, paged) if stem.endswith("_ragged") else paged
-    profile(build(name), case, args)
+    profile(build_solution_or_file(name), case, args)
 
 
 def profile(fn, case, args):

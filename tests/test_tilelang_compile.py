@@ -28,7 +28,6 @@ from unittest import mock
 import pytest
 import tilelang
 import torch
-from flashinfer_bench.compile import BuilderRegistry
 
 from prefill_bundle import REPO_ROOT
 from prefill_bundle.testing import (
@@ -40,10 +39,10 @@ from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
     build_solution,
+    build_solution_object,
     check_malformed_outputs,
     check_outputs,
     fused_qkv_inputs,
-    load_definition,
     make_inputs,
     malformed_expected,
     malformed_inputs,
@@ -87,17 +86,17 @@ def compile_fresh(kernels, dtype: str, causal: bool, **config):
     return kernel, report.getvalue()
 
 
-_compiled_kernels = {}
+def compiled_kernel(dtype: str, causal: bool):
+    """(kernel, ptxas report) of a variant, compiled once per session."""
+    if (dtype, causal) not in _compiled:
+        _compiled[(dtype, causal)] = compile_fresh(kernel_module(), dtype, causal)
+    return _compiled[(dtype, causal)]
 
 
 def compiled(dtype: str, causal: bool):
     """(device source, host source, ptxas report) of a variant."""
-    if (dtype, causal) not in _compiled:
-        kernel, ptxas = compile_fresh(kernel_module(), dtype, causal)
-        sources = kernel.get_kernel_source(), kernel.adapter.get_host_source()
-        _compiled[(dtype, causal)] = (*sources, ptxas)
-        _compiled_kernels[(dtype, causal)] = kernel
-    return _compiled[(dtype, causal)]
+    kernel, ptxas = compiled_kernel(dtype, causal)
+    return kernel.get_kernel_source(), kernel.adapter.get_host_source(), ptxas
 
 
 def test_variants_cover_both_entry_points():
@@ -221,9 +220,7 @@ def test_entry_calls_the_kernels_entry_function():
     adapter holds a tvm.runtime.Executable, one loaded from TileLang's disk cache the runtime
     module itself: from both, the function is the kernel's host entry, whose argument check
     answers a call with no arguments (no GPU needed)."""
-    dtype, causal = COMPILED_VARIANTS[0]
-    compiled(dtype, causal)
-    fresh = _compiled_kernels[(dtype, causal)]
+    fresh, _ = compiled_kernel(*COMPILED_VARIANTS[0])
     module = fresh.adapter.get_exportable_executable().jit()
     loaded = SimpleNamespace(adapter=SimpleNamespace(get_exportable_executable=lambda: module))
     entry_function = entry_module("tilelang_ragged").entry_function
@@ -245,7 +242,7 @@ def test_variant_solutions_carry_their_knobs():
     knobs = dict(softmax_beside_pv=False, l2_section_keys=32768)
     solution = script.variant("tilelang_ragged", knobs)
     assert solution.name == "tilelang_ragged__softmax_beside_pv_False_l2_section_keys_32768"
-    runnable = BuilderRegistry.get_instance().build(load_definition(solution.definition), solution)
+    runnable = build_solution_object(solution)
     module = sys.modules[runnable.metadata.misc["module_name"]]
     kernels = sys.modules[module.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
     shipped = kernel_module().block_config("bfloat16", True)

@@ -42,10 +42,10 @@ def main():
             "triton: checks": lambda: triton_mod.check_placement(names, tensors),
             "triton: launch_ragged": lambda: triton_mod.launch_ragged(plan, *inputs, *outputs),
         }
-        # The JIT path that launch_ragged skips once warm (_launch in triton_prefill.py).
+        # The JIT path that launch_ragged skips once warm (_cached_launch in triton_prefill.py).
         jit_args = (q, k, v, out, lse, qo, kv, None, None, nseq, total_q, total_kv, None,
-                    scale * triton_mod.LOG2_E)  # fmt: skip
-        constexprs = dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, **meta)
+                    scale * triton_mod.LOG2_E, None, None)  # fmt: skip
+        constexprs = triton_mod._attention_constexprs(meta)
         launch = triton_mod.gqa_prefill_fwd[grid]
         pieces["triton: jit launch"] = functools.partial(launch, *jit_args, **constexprs)
         for label, fn in pieces.items():

@@ -101,7 +101,8 @@ def main():
         kv = torch.arange(b + 1, dtype=torch.int32, device="cuda") * skv
         lse = torch.empty(b * sq, 32, dtype=torch.float32, device="cuda")
         scheduler = torch.zeros(2, dtype=torch.int32, device="cuda")
-        args = (q.view(b * sq, 32, 128), k.view(b * skv, 8, 128), v.view(b * skv, 8, 128), qo, kv)
+        k_rows, v_rows = k.view(b * skv, 8, 128), v.view(b * skv, 8, 128)
+        args = (q.view(b * sq, 32, 128), k_rows, v_rows, qo, kv, b * skv)  # kv_rows
         for i in range(len(CONFIGS)):
             if (i, causal) not in compiled:
                 continue

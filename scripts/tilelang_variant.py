@@ -1,8 +1,8 @@
-"""Write TileLang Solution JSONs whose kernels take extra knobs of gqa_prefill (tilelang/TUNING.md:
-softmax_beside_pv, output_from_registers, l2_section_keys, prefetch_ids, ...) on top of the
-shipped block_config, to time them beside the shipped solutions on the workloads:
+"""Write TileLang Solution JSONs whose kernels take other arguments of gqa_prefill (num_stages,
+block_N, persistent, a new knob under trial: tilelang/TUNING.md) on top of the shipped
+block_config, to time them beside the shipped solutions on the workloads:
 
-    python scripts/tilelang_variant.py softmax_beside_pv=False l2_section_keys=32768 --out .ab/v1
+    python scripts/tilelang_variant.py num_stages=3 --out .ab/v1
     python scripts/compare_gpu.py tilelang_ragged tilelang_paged_ps1 --old .ab/v1/*.json
 
 Each variant is its own solution (named NAME__KNOB_VALUE_...): flashinfer-bench builds it into a

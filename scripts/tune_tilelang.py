@@ -9,8 +9,6 @@ solutions/gqa_ragged/tilelang/TUNING.md).
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 import torch
 import triton.testing
@@ -18,33 +16,13 @@ import triton.testing
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs
 
-SECTION_KEYS = 32768  # gqa_prefill_kernel.l2_section_keys(2): 16 MB of 16-bit K/V a section
 CONFIGS = [
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
     # defaults (block_config) are cfg0 for causal and cfg1 for non-causal
     dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True),
     dict(block_M=128, block_N=176, num_stages=2, ws=True),
     dict(block_M=128, block_N=128, num_stages=2, ws=True),
-    # cfg0 / cfg1 with CUDA's order: Q K^T and P V waited for before the softmax, P converted
-    # at its end (gqa_prefill_ws, softmax_beside_pv=False)
-    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
-         softmax_beside_pv=False, causal=True),
-    dict(block_M=128, block_N=176, num_stages=2, ws=True, softmax_beside_pv=False, causal=False),
-    # cfg0 / cfg1 with a long sequence's items in L2 sections of KV heads (build_steps)
-    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
-         l2_section_keys=SECTION_KEYS, causal=True),
-    dict(block_M=128, block_N=176, num_stages=2, ws=True, l2_section_keys=SECTION_KEYS,
-         causal=False),
-    # both
-    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
-         softmax_beside_pv=False, l2_section_keys=SECTION_KEYS, causal=True),
-    dict(block_M=128, block_N=176, num_stages=2, ws=True, softmax_beside_pv=False,
-         l2_section_keys=SECTION_KEYS, causal=False),
-    # cfg0 with the output stored from registers (no output buffer: the epilogue's two
-    # 256-thread barriers go)
-    dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True,
-         output_from_registers=True, causal=True),
-]  # fmt: skip
+]
 BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
        PaddedCase(1, 16384, 16384, False)]  # fmt: skip
 
@@ -54,41 +32,18 @@ def kernel_module():
     return sys.modules[entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
 
 
-def variants_to_compile() -> list:
-    """(config index, causal, compile_variant's config): a config's "causal" limits it to one."""
-    jobs = []
-    for i, config in enumerate(CONFIGS):
-        config = dict(config)
-        only = config.pop("causal", None)
-        jobs += [(i, causal, config) for causal in (True, False) if only in (None, causal)]
-    return jobs
-
-
-def compile_job(job):
-    """In a worker process: compile one variant into TileLang's disk cache (the parent's own
-    compile then loads it)."""
-    i, causal, config = job
-    start = time.perf_counter()
-    try:
-        kernel_module().compile_variant("float16", causal, **config)
-        return f"cfg{i} causal={causal}: compiled in {time.perf_counter() - start:.0f} s"
-    except Exception as e:  # noqa: BLE001 - a config that does not lower
-        return f"cfg{i} causal={causal}: {type(e).__name__}: {str(e)[:200]}"
-
-
 def main():
     fi = build_solution("flashinfer_mini")
     kernels = kernel_module()
-    jobs = variants_to_compile()
-    with ProcessPoolExecutor(min(len(jobs), 8), mp_context=get_context("spawn")) as pool:
-        for line in pool.map(compile_job, jobs):
-            print(line, flush=True)
     compiled = {}
-    for i, causal, config in jobs:
-        try:
-            compiled[i, causal] = kernels.compile_variant("float16", causal, **config)
-        except Exception:  # noqa: BLE001 - reported by its worker
-            pass
+    for i, config in enumerate(CONFIGS):
+        for causal in (True, False):
+            start = time.perf_counter()
+            try:
+                compiled[i, causal] = kernels.compile_variant("float16", causal, **config)
+                print(f"cfg{i} causal={causal}: compiled in {time.perf_counter() - start:.0f} s")
+            except Exception as e:  # noqa: BLE001 - a config that does not lower
+                print(f"cfg{i} causal={causal}: {type(e).__name__}: {str(e)[:200]}")
     print("gpu at start:", clocks())
     results = []
     for case in BIG:

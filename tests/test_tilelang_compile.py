@@ -239,15 +239,15 @@ def test_variant_solutions_carry_their_knobs():
     )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    knobs = dict(softmax_beside_pv=False, l2_section_keys=32768)
+    knobs = dict(num_stages=3, persistent=False)
     solution = script.variant("tilelang_ragged", knobs)
-    assert solution.name == "tilelang_ragged__softmax_beside_pv_False_l2_section_keys_32768"
+    assert solution.name == "tilelang_ragged__num_stages_3_persistent_False"
     runnable = build_solution_object(solution)
     module = sys.modules[runnable.metadata.misc["module_name"]]
     kernels = sys.modules[module.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
     shipped = kernel_module().block_config("bfloat16", True)
     assert kernels.block_config("bfloat16", True) == {**shipped, **knobs}
-    assert "softmax_beside_pv" not in shipped
+    assert shipped["num_stages"] != 3 and shipped["persistent"]
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
@@ -328,12 +328,11 @@ def _launcher(kernel):
 
 
 # The solution's own tiles, and small ones so that the small cases cross many tile boundaries
-# (block_M != block_N both ways); one with the items in L2 sections of a budget so small that
-# the cases' sequences split their KV heads into sections of 1 to 4 (uneven ones included).
+# (block_M != block_N both ways).
 CPU_CONFIGS = {
     "solution_tiles": None,
     "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
-    "tiles32x16_sections": dict(block_M=32, block_N=16, num_stages=2, l2_section_keys=96),
+    "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
 }
 
 

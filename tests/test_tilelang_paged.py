@@ -314,13 +314,12 @@ def _paged_launcher(kernel):
 CPU_PAGED_CONFIGS = {
     64: {
         "solution_tiles": None,  # two pages a tile
-        # one page a tile, the items in L2 sections of 1 to 4 KV heads (a small budget)
-        "tiles16x64_sections": dict(block_M=16, block_N=64, num_stages=2, l2_section_keys=256),
+        "tiles16x64": dict(block_M=16, block_N=64, num_stages=2),  # one
     },
     1: {
         "solution_tiles": None,
         "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
-        "tiles32x16_sections": dict(block_M=32, block_N=16, num_stages=2, l2_section_keys=96),
+        "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
     },
 }
 
@@ -400,7 +399,7 @@ def check_program_on_cpu(monkeypatch, kernels, case, config, shares=None, pack=N
 def check_malformed_program_on_cpu(monkeypatch, kernels, batch, shares=None, pack=None):
     """A malformed page table through the paged program (split, packed) on the CPU: every row
     written, poisoned rows NaN, the others right."""
-    config = "tiles16x64_sections" if batch.page_size == 64 else "tiles32x16_sections"
+    config = "tiles16x64" if batch.page_size == 64 else "tiles32x16"
     run_paged_on_cpu(monkeypatch, kernels, batch.page_size, config, shares, pack=pack)
     inputs = malformed_paged_inputs(batch, "cpu", seed=4)
     expected = malformed_paged_expected(batch, inputs)
@@ -471,8 +470,8 @@ def test_split_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, mo
 # head): 4 tokens a tile of 16 rows, 8 of 32, or the solution's 16 of 64), unsplit and split
 # into 3, both page sizes.
 PACK_CPU_CONFIGS = {
-    64: (("tiles16x64_sections", 1), ("tiles16x64_sections", 3), ("solution_tiles", 3)),
-    1: (("tiles16x32", 1), ("tiles32x16_sections", 3), ("solution_tiles", 3)),
+    64: (("tiles16x64", 1), ("tiles16x64", 3), ("solution_tiles", 3)),
+    1: (("tiles16x32", 1), ("tiles32x16", 3), ("solution_tiles", 3)),
 }
 PACK_CPU_PARAMS = [
     pytest.param(case, config, shares, id=f"{case.id}-{config}-{shares}")

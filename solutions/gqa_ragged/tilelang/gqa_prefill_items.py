@@ -79,9 +79,6 @@ def item_steps(
             T.mbarrier_wait_parity(batch_checked[0], 0)
             if batch_ok[0] == 0:
                 tile[POISON_SLOT] = slot_of(item)
-            if steps.SectionItem is not None:
-                if batch_ok[0] != 0:
-                    steps.SectionItem(item, seq, tile)
         if tx == consumer_threads:  # one writer: no barrier within the warp
             for i in T.serial(item_fields):
                 item_tile[slot, i] = tile[i]

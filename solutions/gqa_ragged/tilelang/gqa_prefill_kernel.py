@@ -29,8 +29,7 @@ from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 __all__ = [
     "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PACK_PAGE_SIZES", "PACK_VARIANTS",
     "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS", "block_config",
-    "compile_merge", "compile_variant", "decode_like", "kv_shares", "l2_section_keys",
-    "pack_config",
+    "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
 ]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
@@ -71,14 +70,6 @@ PACK_SPLIT_VARIANTS = [variant for variant in PACK_VARIANTS if variant != ("floa
 # The persistent grid: one block per SM. The entry passes the device's count; this default (an
 # H100 SXM's, and an H200's) serves offline compiles. Fewer SMs than blocks: still correct.
 DEFAULT_NUM_SMS = 132
-# Items in L2 sections (gqa_prefill(l2_section_keys=...)): the K/V bytes a section's items may
-# read, as the CUDA kernel's kL2SectionBytes (half the H100's 50 MB L2).
-L2_SECTION_BYTES = 16 << 20
-
-
-def l2_section_keys(element_bytes: int) -> int:
-    """Keys of one KV head whose K and V fit L2_SECTION_BYTES."""
-    return L2_SECTION_BYTES // (HEAD_DIM * 2 * element_bytes)
 
 
 def block_config(dtype: str, causal: bool) -> dict:
@@ -115,10 +106,6 @@ def gqa_prefill(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
-    softmax_beside_pv: bool = True,
-    output_from_registers: bool = False,
-    l2_section_keys: int = 0,
-    prefetch_ids: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -163,26 +150,15 @@ def gqa_prefill(
     asynchronous wgmma (softmax of tile k while P V of tile k - 1 runs); pingpong adds FA3's
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
-    softmax_beside_pv False (ws): Q K^T of tile k and P V of tile k - 1 both waited for before
-    the softmax of tile k, as the CUDA kernel orders them (gqa_prefill_ws).
-    output_from_registers (ws): the output stored from the accumulators, no output buffer.
-
-    l2_section_keys (0: off): a long sequence's items in sections of KV heads whose K/V fit L2
-    (gqa_prefill_steps.build_steps; l2_section_keys(cache element bytes) gives the budget's).
-    prefetch_ids (page size 1, ws): page ids read a tile ahead (gqa_prefill_kv.HoldPageIds).
     """
     steps = build_steps(
-        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
-        l2_section_keys, prefetch_ids,
+        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(
-            steps, num_stages, pingpong, persistent, num_sms, softmax_beside_pv,
-            output_from_registers,
-        )  # fmt: skip
+        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms)
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

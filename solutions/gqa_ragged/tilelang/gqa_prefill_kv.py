@@ -93,18 +93,17 @@ VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
-def build_kv(page_size, dims, cache_dtype=None, prefetch_ids=False) -> SimpleNamespace:
+def build_kv(page_size, dims, cache_dtype=None) -> SimpleNamespace:
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
     dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
-    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8); prefetch_ids (page
-    size 1): each loader thread reads its row's page id a tile ahead (HoldPageIds)."""
+    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8)."""
     if page_size is None:
         assert cache_dtype is None, "FP8 caches are paged"
         return ragged_kv(dims)
-    return paged_kv(dims, page_size, cache_dtype, prefetch_ids)
+    return paged_kv(dims, page_size, cache_dtype)
 
 
-def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> SimpleNamespace:
+def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"
@@ -221,9 +220,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> Simp
         next item's Q only once the consumers are past this one's Q K^T)."""
         bad = T.alloc_shared([2], T.int32)
         # Page size 1: this loader thread's held row's page and its half warp's read bits
-        # (HoldPageIds), then (prefetch_ids) the raw id of its held row of the next tile.
-        entries = (3 if prefetch_ids else 2) if gather else pages_per_tile
-        return T.alloc_local([entries], T.int32), bad
+        # (HoldPageIds).
+        return T.alloc_local([2 if gather else pages_per_tile], T.int32), bad
 
     def alloc_held_scratch():
         """Page size 64, warp-specialized: alloc_scratch's (pages, bad), then the producer
@@ -403,18 +401,15 @@ def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> Simp
         return 2 * (tx % 128 // 32) + lane // 16 + 8 * (lane % 16)
 
     @T.macro
-    def HoldPageIds(kv, scratch, k, kv_start, seq_kv, item, tiles=None):
+    def HoldPageIds(kv, scratch, k, kv_start, seq_kv, item):
         """scratch[0] = (the page of this thread's held row of tile k, 0 where nothing is read;
         bit i: pass i's row is read, for this lane's half warp); a key on a bad page marks the
-        item. The loads are one coalesced read of the tile's kv_indices. tiles (prefetch_ids:
-        the item's tile count): tile k's ids were read a tile ahead (StartGather, then here)
-        and tile k + 1's are read now, their latency under this tile's waits and copies (CUDA's
-        PageGatherLoader); the same ids as read per tile, so the same marks."""
+        item. The loads are one coalesced read of the tile's kv_indices."""
         tx = T.get_thread_binding()
         key = k * block_N + held_row(tx)
-        held = scratch[0]
-        page = row_page(kv, kv_start, key) if tiles is None else held[2]
+        page = row_page(kv, kv_start, key)
         read = (key < seq_kv) & in_cache(kv, page)
+        held = scratch[0]
         # A row not read keeps an address in the cache: page 0 (a cache without pages gets a
         # 1-page stand-in). A read page is < page_count <= num_pages.
         held[0] = T.if_then_else(read, page, 0)
@@ -422,15 +417,6 @@ def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> Simp
         held[1] = T.Cast("int32", T.ballot_sync(read) >> T.Cast("uint64", tx % 32 // 16 * 16))
         if (key < seq_kv) & ~in_cache(kv, page):
             MarkBad(scratch, item, True)
-        if tiles is not None:
-            if k + 1 < tiles:  # after every use of held[2] above
-                held[2] = row_page(kv, kv_start, key + block_N)
-
-    @T.macro
-    def StartGather(kv, scratch, ring, tiles, kv_start, seq_kv, kv_head):
-        """Page size 1 with prefetch_ids, each loader thread at an item, before the wait for
-        Q's buffer: the id of its held row of tile 0."""
-        scratch[0][2] = row_page(kv, kv_start, held_row(T.get_thread_binding()))
 
     @T.macro
     def GatherHeldRows(cache, shared, stage, kv_head, held):
@@ -495,7 +481,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> Simp
         stage = g % num_stages
         phase = ((g // num_stages) & 1) ^ 1
         if gather:
-            HoldPageIds(kv, scratch, k, kv_start, seq_kv, item, tiles if prefetch_ids else None)
+            HoldPageIds(kv, scratch, k, kv_start, seq_kv, item)
         else:
             pages, held = scratch[0], scratch[2]
             for p in T.unroll(pages_per_tile):
@@ -553,8 +539,6 @@ def paged_kv(dims, page_size: int, cache_dtype=None, prefetch_ids=False) -> Simp
     )  # fmt: skip
     if not gather:
         source.StartItem = StartItem  # LoadTile then takes the item's tile count
-    elif prefetch_ids:
-        source.StartItem = StartGather
     if cache_dtype is None:
         return source
     # The FP8 policy (page size 64): its own arguments, scratch and producer loads, on these

@@ -68,9 +68,6 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             # stand-in; gqa_prefill_ws shares them out).
             CheckBatch(indptr, 0, 1, batch_ok)
             Locate(block, qo_indptr, kv, seq, tile, window_left)
-            if steps.SectionItem is not None:
-                if batch_ok[0] != 0:
-                    steps.SectionItem(block, seq, tile)
             if batch_ok[0] == 0:
                 CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
                 if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot

@@ -65,8 +65,6 @@ def build_steps(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
-    l2_section_keys: int = 0,
-    prefetch_ids: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -98,15 +96,6 @@ def build_steps(
     together. The slots count tokens in blocks of block_M // 4 (tokens, below), HEAD holds the
     KV head, the masks take row i's position q_pos0 + i // 4, and the epilogue stores from
     registers (Q is gathered: GatherQ).
-
-    l2_section_keys (not window, split or pack; 0: off): in a valid batch, the items of a
-    sequence of seq_kv keys go in sections of max(1, l2_section_keys // seq_kv) KV heads (their
-    query heads side by side, all the sequence's slots, last first) before the next section
-    (SectionItem), as the CUDA kernel's l2_section_order: the K/V that the items in flight read
-    then fit L2. A sequence whose 8 KV heads fit keeps the order above.
-
-    prefetch_ids (page size 1, warp-specialized): the loaders read page ids a tile ahead
-    (gqa_prefill_kv.HoldPageIds).
     """
     assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
     assert not split or (causal and page_size is not None), "split-KV: causal, paged K/V"
@@ -129,7 +118,7 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    kv_source = build_kv(page_size, dims, cache_dtype, prefetch_ids)
+    kv_source = build_kv(page_size, dims, cache_dtype)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 
@@ -229,27 +218,6 @@ def build_steps(
             SkipToBand(tile, window_left)
         if split:
             ClipToShare(tile, item // item_heads % shares)
-
-    @T.macro
-    def SectionItem(item, seq, tile):
-        """In a valid batch, after Locate: the item's slot and head redrawn within its sequence
-        (seq[0]) so that the sequence's items go in KV-head sections (build_steps). A bijection
-        of the sequence's items, the item range [item_heads * (num_slots - stop), item_heads *
-        (num_slots - first)) of its slots [first, stop): local item l is in section
-        l // (n * H) (n slots, H query heads a section, the last section the heads left), its
-        slot stop - 1 - w // Hs and head section * H + w % Hs, w its index in the section; H of
-        32 or more is the unsectioned order. Valid batches only: the slot ranges then partition
-        the slots (a malformed batch keeps the plain order, which the poisoning follows)."""
-        first = seq[0] + tile[Q_START] // tokens
-        stop = seq[0] + 1 + (tile[Q_START] + tile[SEQ_Q]) // tokens
-        kv_heads = T.max(T.min(l2_section_keys // T.max(tile[SEQ_KV], 1), NUM_KV_HEADS), 1)
-        per_section = kv_heads * GROUP_SIZE
-        local = item - NUM_HEADS * (num_slots - stop)
-        section = local // ((stop - first) * per_section)
-        within = local - section * (stop - first) * per_section
-        heads = T.min(per_section, NUM_HEADS - section * per_section)
-        tile[Q_TILE] = (stop - 1 - within // heads - first) * tokens
-        tile[HEAD] = section * per_section + within % heads
 
     # Malformed batches (indptr values that are not a partition: see the module docstring).
     # indptr = (qo_indptr, kv_indptr, kv_rows, kv), kv_rows the entries kv_indptr runs to and kv
@@ -587,7 +555,6 @@ def build_steps(
         total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
         Locate=Locate,
-        SectionItem=SectionItem if l2_section_keys and not (window or split or pack) else None,
         CheckBatch=CheckBatch, CheckTile=CheckTile, Poison=Poison, bounds=bounds, Mask=Mask,
         MaskTile=MaskTile, MMA0=MMA0, Softmax=Softmax, Rescale=Rescale, MMA1=MMA1,
         Epilogue=Epilogue,

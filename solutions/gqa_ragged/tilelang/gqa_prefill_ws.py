@@ -27,11 +27,7 @@ def consumer_threads_of(block_M: int) -> int:
     return 128 * (block_M // 64)
 
 
-def gqa_prefill_ws(
-    steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int,
-    softmax_beside_pv: bool = True,
-    output_from_registers: bool = False,
-):  # fmt: skip
+def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int):
     """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
 
     Warpgroups 0 .. block_M // 64 - 1 consume (64 query rows each, as one 128-row wgmma tile);
@@ -41,12 +37,7 @@ def gqa_prefill_ws(
     reading). The consumers issue Q K^T of tile k and P V of tile k - 1 asynchronously, wait for
     Q K^T only, run the softmax of tile k while P V still runs, then wait for it. pingpong: the
     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax hides the other's
-    GEMMs. softmax_beside_pv False: CUDA's Hopper kernel's order instead: Q K^T of tile k and
-    P V of tile k - 1 issued together and both waited for, then the softmax of tile k with P's
-    conversion at its end (the other consumer warpgroup's GEMMs fill the tensor cores meanwhile).
-    output_from_registers: each thread stores its own output elements, without the output
-    buffer; through the buffer (the default) TileLang's copy-out reads rows that the other
-    consumer warpgroup staged, so both warpgroups meet at two barriers at every item's end.
+    GEMMs.
 
     The producer warp takes the work items and hands each to the consumers through a 2-slot
     shared buffer (item_full / item_empty barriers), so the consumers never wait for the sequence
@@ -152,11 +143,10 @@ def gqa_prefill_ws(
         g = ring + k
         stage = g % num_stages
         prev = (g - 1) % num_stages
-        if softmax_beside_pv:
-            T.wait_wgmma(0)  # P V of tile k - 2 done: its V slot and P's registers are free
-            if k >= 2:
-                T.mbarrier_arrive(v_empty[(g - 2) % num_stages])
-            T.copy(acc_s, acc_s_cast)  # P of tile k - 1
+        T.wait_wgmma(0)  # P V of tile k - 2 done: its V slot and P's registers are free
+        if k >= 2:
+            T.mbarrier_arrive(v_empty[(g - 2) % num_stages])
+        T.copy(acc_s, acc_s_cast)  # P of tile k - 1
         T.mbarrier_wait_parity(k_full[stage], (g // num_stages) & 1)
         if pingpong:
             T.sync_threads(my_barrier, 256)
@@ -170,18 +160,11 @@ def gqa_prefill_ws(
         T.wgmma_gemm(acc_s_cast, V_shared[prev, :, :], acc_o, policy=policy)
         if pingpong:
             T.named_barrier_arrive(next_barrier, 256)
-        if softmax_beside_pv:
-            T.wait_wgmma(1)  # Q K^T of tile k done, P V of tile k - 1 runs on
-            T.mbarrier_arrive(k_empty[stage])
-        else:
-            T.wait_wgmma(0)  # both done: K's and V's slots are free
-            T.mbarrier_arrive(k_empty[stage])
-            T.mbarrier_arrive(v_empty[prev])
+        T.wait_wgmma(1)  # Q K^T of tile k done, P V of tile k - 1 runs on
+        T.mbarrier_arrive(k_empty[stage])
         if masked:
             MaskTile(acc_s, k, seq_kv, q_pos0)
         Softmax(acc_s, *stats, scale_log2)
-        if not softmax_beside_pv:
-            T.copy(acc_s, acc_s_cast)  # P of tile k, beside the softmax's last exponentials
 
     @T.macro
     def LoadItem(q_start, q_tile, kv_start, seq_kv, head, kv_head, loop_range, load):
@@ -252,8 +235,6 @@ def gqa_prefill_ws(
         T.mbarrier_arrive(k_empty[r % num_stages])
         Mask(acc_s, 0, seq_kv, full_end, q_pos0)
         Softmax(acc_s, *stats, scale_log2)
-        if not softmax_beside_pv:
-            T.copy(acc_s, acc_s_cast)  # P of tile 0
 
         # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
         mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
@@ -277,11 +258,10 @@ def gqa_prefill_ws(
 
         g_last = r + loop_range - 1
         last = g_last % num_stages
-        if softmax_beside_pv:
-            T.wait_wgmma(0)
-            if loop_range >= 2:
-                T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
-            T.copy(acc_s, acc_s_cast)
+        T.wait_wgmma(0)
+        if loop_range >= 2:
+            T.mbarrier_arrive(v_empty[(g_last - 1) % num_stages])
+        T.copy(acc_s, acc_s_cast)
         Rescale(acc_o, scores_scale)
         T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
         T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
@@ -321,10 +301,7 @@ def gqa_prefill_ws(
             # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
             # from registers (O_shared None).
             # Split: the shares' fp32 outputs go out from registers too.
-            if (
-                steps.split or steps.pack or output_from_registers
-                or not getattr(kv_source, "output_buffer", True)
-            ):  # fmt: skip
+            if steps.split or steps.pack or not getattr(kv_source, "output_buffer", True):
                 O_shared = None
             else:
                 O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared

@@ -105,9 +105,7 @@ def check_knobs(runnable, knobs: BuildKnobs, variant: str) -> None:
 def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
     """The packed solution with these knobs ("default": with the sources' own, which must be
     SHIPPED), built by flashinfer-bench under its own name and namespace."""
-    from flashinfer_bench.compile import BuilderRegistry
-
-    from .testing import load_definition, load_solution
+    from .testing import build_solution_object, load_solution
 
     header = variant_header(variant, knobs)
     solution = load_solution(solution_name)
@@ -118,7 +116,6 @@ def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
     # Validated anew: model_copy would keep the original's memoized hash, under which
     # flashinfer-bench's registry hands back the build it already has (the shipped one).
     copy = type(solution).model_validate({**fields, "name": f"{solution_name}_{variant}"})
-    definition = load_definition(solution.definition)
-    runnable = BuilderRegistry.get_instance().build(definition, copy)
+    runnable = build_solution_object(copy)
     check_knobs(runnable, knobs, variant)
     return runnable

@@ -232,9 +232,7 @@ def test_converted_elements_land_where_tma_puts_them(helpers):
 def fp8_entry():
     """The packed cuda_fp8kv solution built by flashinfer-bench, with the working tree's CUDA
     sources (the JSON may predate them, e.g. without kv_paged_fp8.cuh)."""
-    from flashinfer_bench.compile import BuilderRegistry
-
-    from prefill_bundle.testing import load_definition, load_solution
+    from prefill_bundle.testing import build_solution_object, load_solution
 
     try:
         solution = load_solution("cuda_fp8kv")
@@ -246,9 +244,7 @@ def fp8_entry():
     data["sources"] = [{"path": p, "content": (SOURCE_DIR / p).read_text()} for p in paths]
     data["name"] = "cuda_fp8kv_working_tree"
     try:
-        return BuilderRegistry.get_instance().build(
-            load_definition(solution.definition), type(solution).model_validate(data)
-        )
+        return build_solution_object(type(solution).model_validate(data))
     except Exception as error:  # noqa: BLE001 - the reason goes into the skip
         if "load" in str(error).lower() and not HAS_CUDA:
             pytest.skip(f"the built module does not load without a GPU here: {error}")

@@ -119,6 +119,22 @@ def test_sliding_window_reference_matches_fp64(case):
     torch.testing.assert_close(lse.double(), want[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window_left", [-1, 0, 5, 40])
+@pytest.mark.parametrize("q_lens, kv_lens", [((70, 0, 33), (70, 9, 90)), ((60,), (20,))])
+def test_reference_query_chunks_read_only_the_keys_they_see(q_lens, kv_lens, window_left):
+    """A sequence longer than a query chunk (4096 rows; 16 here): each chunk reads only the keys
+    its rows may see, and a chunk whose rows see none (60 queries over 20 keys) is skipped."""
+    run = reference(SWA)
+    run.__globals__["QUERY_CHUNK"] = 16
+    case = RaggedCase(q_lens, kv_lens, window_left=window_left)
+    q, k, v, qo_indptr, kv_indptr, window_left, sm_scale = make_inputs(case, "cpu", seed=9)
+    output, lse = run(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale)
+    want = attention_fp64(q, k, v, q_lens, kv_lens, sm_scale, True, window_left)
+    torch.testing.assert_close(output.double(), want[0], atol=1e-2, rtol=1e-2)
+    assert torch.equal(lse.isinf(), want[1].isinf())
+    torch.testing.assert_close(lse.double(), want[1], atol=1e-5, rtol=1e-5)
+
+
 def test_sliding_window_of_0_is_each_rows_own_value():
     """window_left 0: a query sees only the key at its own position, so it returns that value."""
     case = RaggedCase((5,), (8,), window_left=0)

@@ -57,13 +57,19 @@ def ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
         seq_q, seq_kv = q_end - q_start, kv_end - kv_start
         if seq_q == 0 or seq_kv == 0:
             continue  # output stays 0 and lse -inf
-        key_pos = torch.arange(seq_kv, device=q.device)[None, :]
         for chunk in range(0, seq_q, QUERY_CHUNK):
             chunk_end = min(chunk + QUERY_CHUNK, seq_q)
             rows = slice(q_start + chunk, q_start + chunk_end)
-            query_pos = torch.arange(chunk, chunk_end, device=q.device)[:, None]
             # Bottom-right aligned causal mask: query i sees key j iff j <= p, p = i + seq_kv -
-            # seq_q; a window also needs j >= p - window_left (FlashInfer's window_left).
+            # seq_q; a window also needs j >= p - window_left (FlashInfer's window_left). Only
+            # the keys some row of the chunk sees are read: [begin, end).
+            first_key = chunk + seq_kv - seq_q  # p of the chunk's first row
+            end = min(seq_kv, first_key + (chunk_end - chunk))
+            begin = max(0, first_key - window_left) if window_left >= 0 else 0
+            if end <= begin:
+                continue  # no row of the chunk sees a key: output stays 0 and lse -inf
+            query_pos = torch.arange(chunk, chunk_end, device=q.device)[:, None]
+            key_pos = torch.arange(begin, end, device=q.device)[None, :]
             last_key = query_pos + (seq_kv - seq_q)
             visible = key_pos <= last_key
             if window_left >= 0:
@@ -71,10 +77,10 @@ def ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
             for kv_head in range(num_kv_heads):
                 heads = slice(kv_head * group_size, (kv_head + 1) * group_size)
                 q_group = q[rows, heads, :].float().transpose(0, 1)  # [group, rows, head_dim]
-                keys = k[kv_start:kv_end, kv_head, :].float()  # [seq_kv, head_dim]
-                values = v[kv_start:kv_end, kv_head, :].float()
+                keys = k[kv_start + begin : kv_start + end, kv_head, :].float()  # [keys, dim]
+                values = v[kv_start + begin : kv_start + end, kv_head, :].float()
 
-                logits = (q_group @ keys.T) * sm_scale  # [group, rows, seq_kv]
+                logits = (q_group @ keys.T) * sm_scale  # [group, rows, keys]
                 logits = logits.masked_fill(~visible, float("-inf"))
                 row_max = logits.amax(dim=-1, keepdim=True)
                 # A row that sees no key has max -inf; use 0 so exp() gives 0 instead of NaN.

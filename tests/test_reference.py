@@ -122,10 +122,11 @@ def test_sliding_window_reference_matches_fp64(case):
 @pytest.mark.parametrize("window_left", [-1, 0, 5, 40])
 @pytest.mark.parametrize("q_lens, kv_lens", [((70, 0, 33), (70, 9, 90)), ((60,), (20,))])
 def test_reference_query_chunks_read_only_the_keys_they_see(q_lens, kv_lens, window_left):
-    """A sequence longer than a query chunk (4096 rows; 16 here): each chunk reads only the keys
-    its rows may see, and a chunk whose rows see none (60 queries over 20 keys) is skipped."""
+    """A sequence longer than a query chunk (4096 rows, with a window about the window's length;
+    16 and 6 here): each chunk reads only the keys its rows may see, and a chunk whose rows see
+    none (60 queries over 20 keys) is skipped."""
     run = reference(SWA)
-    run.__globals__["QUERY_CHUNK"] = 16
+    run.__globals__.update(QUERY_CHUNK=16, MIN_WINDOW_CHUNK=4)
     case = RaggedCase(q_lens, kv_lens, window_left=window_left)
     q, k, v, qo_indptr, kv_indptr, window_left, sm_scale = make_inputs(case, "cpu", seed=9)
     output, lse = run(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale)

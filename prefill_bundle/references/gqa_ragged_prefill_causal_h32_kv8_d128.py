@@ -4,6 +4,9 @@ import operator
 import torch
 
 QUERY_CHUNK = 4096  # query rows per step: bounds the fp32 logits to 4 x 4096 x seq_kv
+# With a window, a chunk of r rows reads at most r + window_left keys: chunks of about a window
+# (at least this many rows) keep that near twice the window instead of the whole sequence.
+MIN_WINDOW_CHUNK = 256
 
 
 @torch.no_grad()
@@ -51,14 +54,17 @@ def ragged_attention(q, k, v, qo_indptr, kv_indptr, sm_scale, window_left=-1):
     output = torch.zeros(total_q, num_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((total_q, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
     qo_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
+    chunk_rows = QUERY_CHUNK
+    if window_left >= 0:
+        chunk_rows = min(QUERY_CHUNK, max(MIN_WINDOW_CHUNK, window_left + 1))
     for seq in range(len(qo_bounds) - 1):
         q_start, q_end = qo_bounds[seq], qo_bounds[seq + 1]
         kv_start, kv_end = kv_bounds[seq], kv_bounds[seq + 1]
         seq_q, seq_kv = q_end - q_start, kv_end - kv_start
         if seq_q == 0 or seq_kv == 0:
             continue  # output stays 0 and lse -inf
-        for chunk in range(0, seq_q, QUERY_CHUNK):
-            chunk_end = min(chunk + QUERY_CHUNK, seq_q)
+        for chunk in range(0, seq_q, chunk_rows):
+            chunk_end = min(chunk + chunk_rows, seq_q)
             rows = slice(q_start + chunk, q_start + chunk_end)
             # Bottom-right aligned causal mask: query i sees key j iff j <= p, p = i + seq_kv -
             # seq_q; a window also needs j >= p - window_left (FlashInfer's window_left). Only

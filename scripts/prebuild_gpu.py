@@ -10,15 +10,32 @@ A Solution JSON file (an earlier version, or a variant from scripts/tilelang_var
 after the solution it varies) is built and warmed the same way. Every case's outputs are checked
 against the reference (prefill_bundle.testing.check_outputs), so a build that runs but computes
 wrongly is reported as FAILED here, before anything times it.
+
+By default only the dtype of the solution's definition is warmed (what the benchmark runs);
+--both-dtypes warms and checks bfloat16 and float16 alike (each TileLang dtype is a compile of
+its own, and FlashInfer's fp16 window module is not in the device pack: ~100 s of JIT).
 """
 
 import multiprocessing as mp
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 
-def warm(name: str) -> str:
+def warm_dtypes(solution: str, both_dtypes: bool) -> tuple:
+    """The query dtypes to warm `solution` in: its definition's, or both 16-bit ones."""
+    import torch
+
+    from prefill_bundle.testing import load_definition, load_solution
+
+    if both_dtypes:
+        return (torch.bfloat16, torch.float16)
+    definition = load_definition(load_solution(solution).definition)
+    return (getattr(torch, definition.inputs["q"].dtype.value),)
+
+
+def warm(name: str, both_dtypes: bool = False) -> str:
     import torch
 
     from prefill_bundle.testing import (
@@ -33,8 +50,8 @@ def warm(name: str) -> str:
     )
 
     start = time.time()
-    dtypes = (torch.bfloat16, torch.float16)
     stem = Path(name).stem  # a JSON file's: the name of the solution it holds or varies
+    dtypes = warm_dtypes(stem, both_dtypes)
     if stem.endswith("_mini"):
         cases = [PaddedCase(2, 300, 300, c, d) for c in (True, False) for d in dtypes]
     elif stem.endswith("_swa"):
@@ -62,9 +79,10 @@ def warm(name: str) -> str:
 
 
 def main():
-    names = sys.argv[1:]
+    both_dtypes = "--both-dtypes" in sys.argv[1:]
+    names = [name for name in sys.argv[1:] if name != "--both-dtypes"]
     with mp.get_context("spawn").Pool(min(len(names), 12)) as pool:
-        for line in pool.imap_unordered(warm, names):
+        for line in pool.imap_unordered(partial(warm, both_dtypes=both_dtypes), names):
             print(line, flush=True)
 
 

@@ -1,6 +1,7 @@
 """Every JSON file loads through flashinfer-bench's own models; workloads and blobs are coherent;
 generated files are in sync with their sources."""
 
+import importlib.util
 import json
 
 import torch
@@ -180,3 +181,16 @@ def test_every_python_built_solution_passes_flashinfer_bench_build():
         except BuildError as error:
             failures[spec.name] = str(error)
     assert failures == {}
+
+
+def test_prebuild_warms_the_definitions_dtype_unless_asked_for_both():
+    """scripts/prebuild_gpu.py warms what the benchmark runs: the definition's query dtype."""
+    spec = importlib.util.spec_from_file_location(
+        "prebuild_gpu", REPO_ROOT / "scripts" / "prebuild_gpu.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.warm_dtypes("tilelang_mini", False) == (torch.float16,)
+    assert script.warm_dtypes("flashinfer_swa", False) == (torch.bfloat16,)
+    assert script.warm_dtypes("cuda_fp8kv", False) == (torch.bfloat16,)
+    assert script.warm_dtypes("triton_ragged", True) == (torch.bfloat16, torch.float16)

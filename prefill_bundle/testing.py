@@ -6,7 +6,9 @@ A solution is always exercised as packed: built by flashinfer-bench from its gen
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -357,6 +359,13 @@ def build_solution_object(solution: Solution):
 def build_solution(name: str):
     """Build the packed solution exactly as flashinfer-bench does."""
     return build_solution_object(load_solution(name))
+
+
+def tilelang_kernels(name: str = "tilelang_ragged"):
+    """The gqa_prefill_kernel module of a packed TileLang solution, as flashinfer-bench imports
+    it (compile_variant, block_config, the variant lists)."""
+    entry = sys.modules[build_solution(name).metadata.misc["module_name"]]
+    return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
 
 
 def build_solution_or_file(name: str):

@@ -7,14 +7,13 @@ solutions/gqa_ragged/tilelang/TUNING.md).
 """
 
 import json
-import sys
 import time
 
 import torch
 import triton.testing
 
 from prefill_bundle.gpu_timing import clocks
-from prefill_bundle.testing import PaddedCase, build_solution, make_inputs
+from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, tilelang_kernels
 
 CONFIGS = [
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
@@ -28,8 +27,7 @@ BIG = [PaddedCase(8, 2048, 2048, True), PaddedCase(1, 8192, 8192, True),
 
 
 def kernel_module():
-    entry = sys.modules[build_solution("tilelang_mini").metadata.misc["module_name"]]
-    return sys.modules[entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
+    return tilelang_kernels("tilelang_mini")
 
 
 def main():

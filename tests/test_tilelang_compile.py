@@ -48,6 +48,7 @@ from prefill_bundle.testing import (
     malformed_inputs,
     reference_outputs,
     run_solution,
+    tilelang_kernels,
 )
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -58,9 +59,7 @@ def entry_module(name: str):
     return sys.modules[build_solution(name).metadata.misc["module_name"]]
 
 
-def kernel_module():
-    package = entry_module("tilelang_ragged").__name__.rpartition(".")[0]
-    return importlib.import_module(f"{package}.gqa_prefill_kernel")
+kernel_module = tilelang_kernels  # the ragged solution's gqa_prefill_kernel
 
 
 # 1. Compilation for the H100, once per variant and session -----------------------------------

@@ -1,0 +1,74 @@
+"""On the CPU machine: compile every TileLang program the solutions' entries launch in the
+benchmark (the definitions' dtypes, an H100's 132 SMs) into a fresh TileLang cache and pack it,
+so that a fresh GPU machine loads them instead of compiling them (1.5-3 minutes of device time
+a machine, 2026-11-27). TileLang keys its cache on the program's script, target, pass configs,
+its version and its native libraries' hashes, all the same here and in the device pack.
+
+    python scripts/tilelang_cache.py                 # writes .tilelang-cache.tar.xz (ignored)
+    # on the device, carry [".device-wheels", ".tilelang-cache.tar.xz"], then
+    mkdir -p /tmp/tl && tar -C /tmp/tl -xJf .tilelang-cache.tar.xz
+    export TILELANG_CACHE_DIR=/tmp/tl
+
+A program whose key differs there (another TileLang build) is compiled as before.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ARCHIVE = Path(".tilelang-cache.tar.xz")
+H100_SMS = 132
+
+
+def programs() -> list:
+    """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
+    launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype)."""
+    from prefill_bundle.testing import tilelang_kernels
+
+    kernels = tilelang_kernels()
+    jobs = [("float16", causal, None, False, False, False, False) for causal in (True, False)]
+    jobs += [("bfloat16", True, None, window, False, False, False) for window in (False, True)]
+    for page_size in kernels.PAGE_SIZES:
+        jobs.append(("bfloat16", True, page_size, False, False, False, False))
+    jobs.append(("bfloat16", True, 64, False, True, False, False))  # FP8 caches
+    for dtype, page_size, fp8 in kernels.PACK_VARIANTS:
+        if dtype == "bfloat16":
+            split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
+            jobs += [(dtype, True, page_size, False, fp8, s, True) for s in {False, split}]
+    return jobs + [("merge", "bfloat16")]
+
+
+def compile_program(job) -> str:
+    from prefill_bundle.testing import tilelang_kernels
+
+    kernels = tilelang_kernels()
+    start = time.perf_counter()
+    if job[0] == "merge":
+        kernels.compile_merge(job[1])
+    else:
+        dtype, causal, page_size, window, fp8, split, pack = job
+        kernels.compile_variant(
+            dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
+            cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
+        )  # fmt: skip
+    return f"{job}: {time.perf_counter() - start:.0f} s"
+
+
+def main():
+    cache = Path(tempfile.mkdtemp(prefix="tilelang-cache-"))
+    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # the workers inherit it before importing
+    jobs = programs()
+    with ProcessPoolExecutor(os.cpu_count(), mp_context=get_context("spawn")) as pool:
+        for line in pool.map(compile_program, jobs):
+            print(line, flush=True)
+    subprocess.run(["tar", "-C", str(cache), "-cJf", str(ARCHIVE), "."], check=True)
+    print(f"{len(jobs)} programs: {ARCHIVE} ({ARCHIVE.stat().st_size / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

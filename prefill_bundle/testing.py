@@ -7,6 +7,7 @@ A solution is always exercised as packed: built by flashinfer-bench from its gen
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -361,11 +362,22 @@ def build_solution(name: str):
     return build_solution_object(load_solution(name))
 
 
-def tilelang_kernels(name: str = "tilelang_ragged"):
-    """The gqa_prefill_kernel module of a packed TileLang solution, as flashinfer-bench imports
-    it (compile_variant, block_config, the variant lists)."""
-    entry = sys.modules[build_solution(name).metadata.misc["module_name"]]
+def tilelang_kernels(name_or_runnable="tilelang_ragged"):
+    """The gqa_prefill_kernel module of a packed TileLang solution (a name, or one already
+    built), as flashinfer-bench imports it (compile_variant, block_config, the variant lists)."""
+    runnable = name_or_runnable
+    if isinstance(name_or_runnable, str):
+        runnable = build_solution(name_or_runnable)
+    entry = sys.modules[runnable.metadata.misc["module_name"]]
     return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_solution_or_file(name: str):

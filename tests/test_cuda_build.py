@@ -15,7 +15,6 @@ The kernel's arithmetic runs only on a GPU: tests/test_solutions.py -k cuda. The
 points' argument errors: tests/test_cuda_paged.py.
 """
 
-import importlib.util
 import math
 import os
 import re
@@ -26,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill_bundle import REPO_ROOT, arguments
+from prefill_bundle import arguments
 from prefill_bundle.cuda_build import RESOURCES_MD, ptxas_report
-from prefill_bundle.testing import build_solution
+from prefill_bundle.testing import build_solution, load_script
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -71,11 +70,7 @@ def swa_kernel_name(kernel: str, dtype: str) -> str:
 
 def resources_markdown(output: str) -> str:
     """scripts/cuda_resources.py's table (the script writes ptxas_resources.md)."""
-    path = REPO_ROOT / "scripts" / "cuda_resources.py"
-    spec = importlib.util.spec_from_file_location("cuda_resources", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.resources_markdown(output)
+    return load_script("cuda_resources").resources_markdown(output)
 
 
 @pytest.fixture(scope="module")

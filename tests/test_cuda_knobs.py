@@ -3,14 +3,12 @@ scripts/tune_cuda.py): the shipped build reports the shipped knobs, a variant in
 knob values for sm_90a and reports them, and a build whose knobs differ from the ones asked for
 raises. The kernels' arithmetic under other knobs runs only on a GPU (scripts/tune_cuda.py)."""
 
-import importlib.util
 import shutil
 
 import pytest
 
-from prefill_bundle import REPO_ROOT
 from prefill_bundle.cuda_variants import SHIPPED, BuildKnobs, check_knobs, variant_header
-from prefill_bundle.testing import build_solution
+from prefill_bundle.testing import build_solution, load_script
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 # A variant that changes the ring depth and the output staging of the causal kernels (the knobs
@@ -19,11 +17,7 @@ VARIANT = "causal_3_stages"
 
 
 def tune_cuda():
-    path = REPO_ROOT / "scripts" / "tune_cuda.py"
-    spec = importlib.util.spec_from_file_location("tune_cuda", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tune_cuda")
 
 
 def loadable(build):

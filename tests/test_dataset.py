@@ -1,7 +1,6 @@
 """Every JSON file loads through flashinfer-bench's own models; workloads and blobs are coherent;
 generated files are in sync with their sources."""
 
-import importlib.util
 import json
 
 import torch
@@ -14,7 +13,7 @@ from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.testing import build_solution, load_solution
+from prefill_bundle.testing import build_solution, load_script, load_solution
 from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 
@@ -185,11 +184,7 @@ def test_every_python_built_solution_passes_flashinfer_bench_build():
 
 def test_prebuild_warms_the_definitions_dtype_unless_asked_for_both():
     """scripts/prebuild_gpu.py warms what the benchmark runs: the definition's query dtype."""
-    spec = importlib.util.spec_from_file_location(
-        "prebuild_gpu", REPO_ROOT / "scripts" / "prebuild_gpu.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("prebuild_gpu")
     assert script.warm_dtypes("tilelang_mini", False) == (torch.float16,)
     assert script.warm_dtypes("flashinfer_swa", False) == (torch.bfloat16,)
     assert script.warm_dtypes("cuda_fp8kv", False) == (torch.bfloat16,)

@@ -29,7 +29,6 @@ import pytest
 import tilelang
 import torch
 
-from prefill_bundle import REPO_ROOT
 from prefill_bundle.testing import (
     CPU_FUSED_CASES,
     CPU_PADDED_CASES,
@@ -43,6 +42,7 @@ from prefill_bundle.testing import (
     check_malformed_outputs,
     check_outputs,
     fused_qkv_inputs,
+    load_script,
     make_inputs,
     malformed_expected,
     malformed_inputs,
@@ -57,9 +57,6 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 def entry_module(name: str):
     """The packed solution's entry module, as flashinfer-bench imports it."""
     return sys.modules[build_solution(name).metadata.misc["module_name"]]
-
-
-kernel_module = tilelang_kernels  # the ragged solution's gqa_prefill_kernel
 
 
 # 1. Compilation for the H100, once per variant and session -----------------------------------
@@ -88,7 +85,7 @@ def compile_fresh(kernels, dtype: str, causal: bool, **config):
 def compiled_kernel(dtype: str, causal: bool):
     """(kernel, ptxas report) of a variant, compiled once per session."""
     if (dtype, causal) not in _compiled:
-        _compiled[(dtype, causal)] = compile_fresh(kernel_module(), dtype, causal)
+        _compiled[(dtype, causal)] = compile_fresh(tilelang_kernels(), dtype, causal)
     return _compiled[(dtype, causal)]
 
 
@@ -99,7 +96,7 @@ def compiled(dtype: str, causal: bool):
 
 
 def test_variants_cover_both_entry_points():
-    variants = set(kernel_module().VARIANTS)
+    variants = set(tilelang_kernels().VARIANTS)
     assert {("float16", True), ("bfloat16", True)} <= variants  # run_ragged: causal only
     assert {(d, c) for d in ("float16", "bfloat16") for c in (True, False)} <= variants
     assert set(COMPILED_VARIANTS) <= variants
@@ -118,7 +115,7 @@ COMPILED_VARIANTS = [("bfloat16", True), ("float16", False)]
 def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     source, _, _ = compiled(dtype, causal)
     operand = {"float16": "kFloat16", "bfloat16": "kBFloat16"}[dtype]
-    if kernel_module().block_config(dtype, causal).get("ws"):
+    if tilelang_kernels().block_config(dtype, causal).get("ws"):
         assert "tl::tma_load(" in source  # a producer warp loads K/V by TMA ...
         assert "tl::warpgroup_reg_dealloc<24>" in source  # ... holding few registers
     else:
@@ -183,7 +180,7 @@ KERNEL_FILES = (
 def rewritten_kernel_module(folder, name: str, replacements: list):
     """gqa_prefill_kernel.py and its sibling modules with their source text rewritten (each
     pattern must occur in one of them), as package `name`; returns its gqa_prefill_kernel."""
-    source = os.path.dirname(importlib.util.find_spec(kernel_module().__name__).origin)
+    source = os.path.dirname(importlib.util.find_spec(tilelang_kernels().__name__).origin)
     texts = {f: open(os.path.join(source, f)).read() for f in KERNEL_FILES}
     for pattern, replacement in replacements:
         assert any(pattern in text for text in texts.values()), (
@@ -233,18 +230,12 @@ def test_entry_calls_the_kernels_entry_function():
 def test_variant_solutions_carry_their_knobs():
     """scripts/tilelang_variant.py: a variant is a solution of its own whose kernels take the
     knobs on top of the shipped block_config; the shipped solution's are untouched."""
-    spec = importlib.util.spec_from_file_location(
-        "tilelang_variant", REPO_ROOT / "scripts" / "tilelang_variant.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("tilelang_variant")
     knobs = dict(num_stages=3, persistent=False)
     solution = script.variant("tilelang_ragged", knobs)
     assert solution.name == "tilelang_ragged__num_stages_3_persistent_False"
-    runnable = build_solution_object(solution)
-    module = sys.modules[runnable.metadata.misc["module_name"]]
-    kernels = sys.modules[module.__name__.rpartition(".")[0] + ".gqa_prefill_kernel"]
-    shipped = kernel_module().block_config("bfloat16", True)
+    kernels = tilelang_kernels(build_solution_object(solution))
+    shipped = tilelang_kernels().block_config("bfloat16", True)
     assert kernels.block_config("bfloat16", True) == {**shipped, **knobs}
     assert shipped["num_stages"] != 3 and shipped["persistent"]
 
@@ -352,7 +343,7 @@ def run_on_cpu(monkeypatch, cpu_kernels, solution: str, config: str) -> None:
     """Point the packed entry `solution` at the CPU program, with config's tiles, its device
     checks told that CPU tensors are fine, and no plan from an earlier test."""
     entry = entry_module(solution)
-    block_config = kernel_module().block_config
+    block_config = tilelang_kernels().block_config
 
     def kernel(dtype, causal, device):
         tiles = CPU_CONFIGS[config] or cpu_form_of(block_config(entry._DTYPES[dtype], causal))

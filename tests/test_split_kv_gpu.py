@@ -52,9 +52,9 @@ def test_triton_plans_split_the_case():
 def test_tilelang_plans_split_the_case():
     """Else the TileLang rows below would test the unsplit kernel: the entry's plan (from
     shapes: 5 tokens, 4 sequences, the page table's entries x page size), packed and split."""
-    from test_tilelang_compile import kernel_module
+    from prefill_bundle.testing import tilelang_kernels
 
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     assert kernels.decode_like(sum(Q_LENS), len(Q_LENS))
     for page_size in kernels.PACK_PAGE_SIZES:
         keys = sum(-(-n // page_size) for n in KV_LENS) * page_size

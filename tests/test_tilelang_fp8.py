@@ -23,7 +23,7 @@ import sys
 
 import pytest
 import torch
-from test_tilelang_compile import compile_fresh, entry_module, kernel_module
+from test_tilelang_compile import compile_fresh, entry_module
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
 from prefill_bundle.packing import SOLUTIONS
@@ -34,6 +34,7 @@ from prefill_bundle.testing import (
     make_inputs,
     reference_outputs,
     run_solution,
+    tilelang_kernels,
 )
 
 BF16, F16, F32, FP8 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn
@@ -52,7 +53,7 @@ _compiled = {}
 def compiled(dtype: str = "bfloat16"):
     """(device source, host source, ptxas report) of the FP8 variant."""
     if dtype not in _compiled:
-        kernels = kernel_module()
+        kernels = tilelang_kernels()
         kernel, ptxas = compile_fresh(
             kernels, dtype, True, page_size=64, cache_dtype=kernels.FP8_E4M3
         )
@@ -61,12 +62,13 @@ def compiled(dtype: str = "bfloat16"):
 
 
 def test_fp8_variants_cover_both_dtypes():
-    assert set(kernel_module().FP8_VARIANTS) == {"float16", "bfloat16"}
+    assert set(tilelang_kernels().FP8_VARIANTS) == {"float16", "bfloat16"}
 
 
 def fp8_module():
     """The packed gqa_prefill_fp8 (the FP8 policy's constants)."""
-    return importlib.import_module(kernel_module().__name__.rpartition(".")[0] + ".gqa_prefill_fp8")
+    package = tilelang_kernels().__name__.rpartition(".")[0]
+    return importlib.import_module(package + ".gqa_prefill_fp8")
 
 
 def test_fp8_loads_pages_by_tma_and_converts():
@@ -167,7 +169,7 @@ def test_fp8_bfloat16_bits_are_exact():
         assert torch.equal(converted, expected), byte
 
 
-@pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)
+@pytest.mark.parametrize("dtype", tilelang_kernels().FP8_VARIANTS)
 def test_fp8_compiles_without_register_spills(dtype):
     """The converting producer warpgroup runs on 72 registers (56 spilled; float16 spilled at 64
     while its V gather was unrolled) beside 216 for each consumer warpgroup: both dtypes, their
@@ -179,7 +181,7 @@ def test_fp8_compiles_without_register_spills(dtype):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
-@pytest.mark.parametrize("dtype", kernel_module().FP8_VARIANTS)
+@pytest.mark.parametrize("dtype", tilelang_kernels().FP8_VARIANTS)
 def test_fp8_register_split_fits_the_launch(dtype):
     """setmaxnreg moves registers within the block's pool, what the launch gave it (ptxas's count
     a thread times the threads), and setmaxnreg.inc blocks until the pool has enough: a split

@@ -24,7 +24,6 @@ from test_tilelang_compile import (
     compile_fresh,
     cpu_programs,
     entry_module,
-    kernel_module,
 )
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
@@ -44,6 +43,7 @@ from prefill_bundle.testing import (
     make_inputs,
     reference_outputs,
     run_solution,
+    tilelang_kernels,
 )
 
 F16, F32 = torch.float16, torch.float32
@@ -67,17 +67,17 @@ _compiled = {}
 def compiled(dtype: str, page_size: int):
     """(device source, host source, ptxas report) of a paged variant."""
     if (dtype, page_size) not in _compiled:
-        kernel, ptxas = compile_fresh(kernel_module(), dtype, True, page_size=page_size)
+        kernel, ptxas = compile_fresh(tilelang_kernels(), dtype, True, page_size=page_size)
         sources = kernel.get_kernel_source(), kernel.adapter.get_host_source()
         _compiled[(dtype, page_size)] = (*sources, ptxas)
     return _compiled[(dtype, page_size)]
 
 
 def test_paged_variants_cover_both_entry_points():
-    assert set(kernel_module().PAGED_VARIANTS) == {
+    assert set(tilelang_kernels().PAGED_VARIANTS) == {
         (d, p) for d in ("float16", "bfloat16") for p in (1, 64)
     }
-    assert set(COMPILED_PAGED_VARIANTS) <= set(kernel_module().PAGED_VARIANTS)
+    assert set(COMPILED_PAGED_VARIANTS) <= set(tilelang_kernels().PAGED_VARIANTS)
 
 
 # The variants compiled for sm_90a here (each 30-45 s on CI's 2 cores): both page sizes (their
@@ -172,7 +172,7 @@ SPLIT_COMPILED = [("bfloat16", False)]  # FP8 splits packed only (PACK_COMPILED)
 def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
     """The split program: the shares' fp32 outputs go out from registers (no output buffer),
     the register split and the 0-spill budget of the unsplit kernel hold."""
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     assert {(d, p, f) for d, p, f in kernels.SPLIT_VARIANTS} == {
         ("float16", 64, False), ("bfloat16", 64, False),
     }  # fmt: skip
@@ -204,7 +204,7 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     FP8's 216 or the gather's 224), Q gathered by cp.async on q_full (no Q descriptor), outputs from
     registers, 0 spills. Page size 1's packed split program passes the sync planner that its
     unpacked one fails."""
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     cache_dtype = kernels.FP8_E4M3 if fp8 else None
     kernel, ptxas = compile_fresh(
         kernels, dtype, True, page_size=page_size, cache_dtype=cache_dtype, split=split,
@@ -225,7 +225,7 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
 
 
 def test_merge_compiles_for_sm90a():
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     source = kernels.compile_merge("bfloat16").get_kernel_source()
     assert "bfloat16_t* __restrict__ Output" in source and "float* __restrict__ LSE" in source
 
@@ -233,7 +233,7 @@ def test_merge_compiles_for_sm90a():
 def test_split_plan_from_shapes():
     """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 8
     waves of 132 SMs, shares of at least 4 key tiles of the average sequence, at most 16."""
-    kv_shares = kernel_module().kv_shares
+    kv_shares = tilelang_kernels().kv_shares
     # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 3 shares
     assert kv_shares(16, 16, 2142 * 64, 132) == 3
     # tests/test_split_kv_gpu.py's batch: 4 sequences, 5 tokens, ~8.8K keys -> 4 (length)
@@ -242,14 +242,14 @@ def test_split_plan_from_shapes():
     assert kv_shares(64, 64, 64 * 300, 132) == 1  # short contexts: shares under 4 tiles
     assert kv_shares(17, 4, 1 << 20, 132) == 1  # over 4 tokens a sequence: prefill
     assert kv_shares(0, 0, 0, 132) == 1
-    assert kernel_module().SPLIT_PAGE_SIZES == (64,)  # page size 1 never splits (yet)
+    assert tilelang_kernels().SPLIT_PAGE_SIZES == (64,)  # page size 1 never splits (yet)
 
 
 def test_pack_plan_from_shapes():
     """GQA head packing for decode-like batches only (at most 4 query tokens a sequence on
     average, shapes only); a packed item is (16-token block, KV head): 8 x (batch + total_q //
     16) items, so the shares for 8 items an SM grow."""
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     decode_like, kv_shares = kernels.decode_like, kernels.kv_shares
     assert decode_like(16, 16) and decode_like(5, 4) and decode_like(64, 16)
     assert not decode_like(65, 16) and not decode_like(0, 0) and not decode_like(300, 2)
@@ -275,7 +275,7 @@ def test_entry_plan_packs_and_splits_what_compiles():
     assert plan("bfloat16", 1, False, 16, 16, 136546, 132) == (True, 8)
     assert plan("bfloat16", 64, False, 2048, 1, 8192, 132) == (False, 1)
     assert plan("bfloat16", 1, False, 2048, 1, 8192, 132) == (False, 1)
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     assert set(kernels.PACK_SPLIT_VARIANTS) == set(kernels.PACK_VARIANTS) - {("float16", 64, True)}
 
 
@@ -342,7 +342,7 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     into that many key shares (None: the entry's own plan, for an H100's 132 SMs); pack: every
     batch decode-like or none (GQA head packing; None: the entry's own test)."""
     entry = entry_module(solution_of(page_size))
-    kernels = kernel_module()
+    kernels = tilelang_kernels()
     forced_pack = pack
 
     def kernel(dtype, causal, device, page_size, fp8=False, split=False, pack=False):

@@ -23,7 +23,6 @@ from test_tilelang_compile import (
     compile_fresh,
     cpu_programs,
     entry_module,
-    kernel_module,
 )
 
 from prefill_bundle.packing import SOLUTIONS
@@ -35,6 +34,7 @@ from prefill_bundle.testing import (
     make_inputs,
     reference_outputs,
     run_solution,
+    tilelang_kernels,
 )
 
 F16 = torch.float16
@@ -54,13 +54,13 @@ _compiled = {}
 def compiled(dtype: str):
     """(device source, host source, ptxas report) of a window variant."""
     if dtype not in _compiled:
-        kernel, ptxas = compile_fresh(kernel_module(), dtype, True, window=True)
+        kernel, ptxas = compile_fresh(tilelang_kernels(), dtype, True, window=True)
         _compiled[dtype] = (kernel.get_kernel_source(), kernel.adapter.get_host_source(), ptxas)
     return _compiled[dtype]
 
 
 def test_window_variants_cover_both_dtypes():
-    assert set(kernel_module().WINDOW_VARIANTS) == {"float16", "bfloat16"}
+    assert set(tilelang_kernels().WINDOW_VARIANTS) == {"float16", "bfloat16"}
 
 
 # The variant compiled for sm_90a here (~40 s on CI's 2 cores): the sliding-window definition's
@@ -133,7 +133,7 @@ def run_window_on_cpu(monkeypatch, kernels, config: str) -> list:
     that CPU tensors are fine, and no plan from an earlier test; returns the list of kernels
     launched (True: the window kernel, False: the causal one)."""
     entry = entry_module(SOLUTION)
-    block_config = kernel_module().block_config
+    block_config = tilelang_kernels().block_config
     launched = []
 
     def kernel(dtype, causal, device, page_size=None, window=False):

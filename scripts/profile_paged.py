@@ -13,6 +13,7 @@ may be a Solution JSON file (an earlier version, `git show REV:solutions/...json
 Per-instruction stall samples (where warp-specialized kernels lose time, by warp role):
     ncu ... --section SourceCounters -o report python scripts/profile_paged.py SOLUTION
     ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv
+    python scripts/stall_by_role.py sass.csv     # by warp role, loop vs item, bank conflicts
 The findings are in each backend's TUNING.md (paged sections).
 """
 

@@ -1,6 +1,7 @@
 """Every JSON file loads through flashinfer-bench's own models; workloads and blobs are coherent;
 generated files are in sync with their sources."""
 
+import csv
 import json
 
 import torch
@@ -189,3 +190,35 @@ def test_prebuild_warms_the_definitions_dtype_unless_asked_for_both():
     assert script.warm_dtypes("flashinfer_swa", False) == (torch.bfloat16,)
     assert script.warm_dtypes("cuda_fp8kv", False) == (torch.bfloat16,)
     assert script.warm_dtypes("triton_ragged", True) == (torch.bfloat16, torch.float16)
+
+
+def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
+    """scripts/stall_by_role.py on a small SASS page: the producer's and consumers' samples
+    are counted apart, and a store with 8x its ideal wavefronts is listed as conflicted."""
+    columns = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+               "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal", "stall_long_sb",
+               "stall_barrier", "stall_long_sb (Not Issued)"]  # fmt: skip
+    rows = [
+        ["0x00", "S2R R0, SR_TID.X", "2", "1,000", "0", "0", "0", "0", "0"],
+        ["0x10", "USETMAXREG.DEALLOC.CTAPOOL 0x18", "0", "1,000", "0", "0", "0", "0", "0"],
+        ["0x20", "@!P0 BRA 0x40", "30", "7,000", "0", "0", "30", "0", "0"],
+        ["0x30", "USETMAXREG.TRYALLOC.CTAPOOL P0, 0xf0", "0", "2,000", "0", "0", "0", "0", "0"],
+        ["0x40", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "60", "215,000", "0", "0", "0", "60", "0"],
+        ["0x50", "STSM.16.M88.4 [R0], R8", "8", "32,000", "800", "100", "0", "8", "0"],
+    ]
+    path = tmp_path / "sass.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Kernel Name", "main_kernel"])
+        writer.writerow(columns)
+        writer.writerows(rows)
+    script = load_script("stall_by_role")
+    by_role = {r["role"]: 0.0 for r in script.read_rows(path)}
+    for r in script.read_rows(path):
+        by_role[r["role"]] += r["samples"]
+    assert by_role == {"prologue": 2, "producer": 30, "consumer": 68}
+    summary = script.summarize(str(path))
+    assert "producer   30.0% of samples" in summary
+    assert "long_sb 100%" in summary
+    assert " 8.0x cons x   32.0K STSM" in summary
+    assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted

@@ -27,7 +27,9 @@ H100_SMS = 132
 
 def programs() -> list:
     """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
-    launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype)."""
+    launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype).
+    Written out by hand: tests/test_dataset.py checks it against the entry's paged_plan on each
+    committed paged workload."""
     from prefill_bundle.testing import tilelang_kernels
 
     kernels = tilelang_kernels()

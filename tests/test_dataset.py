@@ -3,6 +3,7 @@ generated files are in sync with their sources."""
 
 import csv
 import json
+import sys
 
 import torch
 from flashinfer_bench import TraceSet
@@ -222,3 +223,28 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     assert "long_sb 100%" in summary
     assert " 8.0x cons x   32.0K STSM" in summary
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted
+
+
+def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():
+    """scripts/tilelang_cache.py lists the TileLang programs by hand: each committed workload's
+    program, as the entry's own plan (paged_plan) picks it on an H100, must be among them."""
+    programs = set(load_script("tilelang_cache").programs())
+    runnable = build_solution("tilelang_paged_ps64")
+    entry = sys.modules[runnable.metadata.misc["module_name"]]
+    sms = load_script("tilelang_cache").H100_SMS
+    traces = load().workloads
+    picked = {("bfloat16", True, None, False, False, False, False),  # ragged
+              ("bfloat16", True, None, True, False, False, False),  # window
+              ("float16", True, None, False, False, False, False),  # mini, causal
+              ("float16", False, None, False, False, False, False)}  # fmt: skip
+    for name, page_size in [*PAGE_SIZES.items(), (PAGED_FP8, 64)]:
+        fp8 = name == PAGED_FP8
+        for trace in traces[name]:
+            axes = trace.workload.axes
+            pack, shares = entry.paged_plan(
+                "bfloat16", page_size, fp8, axes["total_q"], axes["len_indptr"] - 1,
+                axes["num_kv_indices"] * page_size, sms,
+            )  # fmt: skip
+            picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack))
+    assert any(key[-1] for key in picked), "some workload is decode-like (packed)"
+    assert picked <= programs, picked - programs

@@ -9,7 +9,9 @@ its version and its native libraries' hashes, all the same here and in the devic
     mkdir -p /tmp/tl && tar -C /tmp/tl -xJf .tilelang-cache.tar.xz
     export TILELANG_CACHE_DIR=/tmp/tl
 
-A program whose key differs there (another TileLang build) is compiled as before.
+A program whose key differs there (another TileLang build) is compiled as before; so is
+every program after a change to the TileLang sources, until the archive is rebuilt (~6 minutes
+here). On the H100 (2026-11-27) a fresh machine's TileLang prebuild took 6 s with the archive.
 """
 
 import os

@@ -9,7 +9,10 @@ producer's, after any other USETMAXREG the consumers'), by how often an instruct
 main loop runs once a key tile, the prologue and epilogue once an item: the execution count
 tells them apart), the instructions with the most samples, and shared-memory instructions with
 bank conflicts (wavefronts beyond the ideal). tilelang/TUNING.md (2026-11-27 (3)) read the
-TileLang kernel against CUDA's this way.
+TileLang kernel against CUDA's this way. Caveat: the role is the code's position, and ptxas
+places mbarrier retry loops out of line after the producer's code, so a consumer's retries
+count as the producer's (their samples land on the consumer's branch into them; their
+execution counts, millions, give them away).
 """
 
 import argparse

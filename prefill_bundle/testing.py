@@ -362,13 +362,19 @@ def build_solution(name: str):
     return build_solution_object(load_solution(name))
 
 
-def tilelang_kernels(name_or_runnable="tilelang_ragged"):
-    """The gqa_prefill_kernel module of a packed TileLang solution (a name, or one already
-    built), as flashinfer-bench imports it (compile_variant, block_config, the variant lists)."""
+def entry_module(name_or_runnable):
+    """The entry module of a packed Python solution (a name, or one already built), as
+    flashinfer-bench imports it."""
     runnable = name_or_runnable
     if isinstance(name_or_runnable, str):
         runnable = build_solution(name_or_runnable)
-    entry = sys.modules[runnable.metadata.misc["module_name"]]
+    return sys.modules[runnable.metadata.misc["module_name"]]
+
+
+def tilelang_kernels(name_or_runnable="tilelang_ragged"):
+    """The gqa_prefill_kernel module of a packed TileLang solution (a name, or one already
+    built), as flashinfer-bench imports it (compile_variant, block_config, the variant lists)."""
+    entry = entry_module(name_or_runnable)
     return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
 
 

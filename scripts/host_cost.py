@@ -7,13 +7,18 @@ of its entry point: the per-call checks, its launch, and what the JIT's own laun
 """
 
 import functools
-import sys
 
 import triton.testing
 from flashinfer_bench.bench.timing import time_runnable
 
 from prefill_bundle.gpu_timing import host_us
-from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import (
+    RaggedCase,
+    build_solution,
+    entry_module,
+    make_inputs,
+    poisoned_outputs,
+)
 from prefill_bundle.workloads import RAGGED_BATCHES
 
 SOLUTIONS = ("flashinfer_ragged", "cuda_ragged", "tilelang_ragged", "triton_ragged")
@@ -21,7 +26,7 @@ SOLUTIONS = ("flashinfer_ragged", "cuda_ragged", "tilelang_ragged", "triton_ragg
 
 def main():
     runnables = {name: build_solution(name) for name in SOLUTIONS}
-    triton_mod = sys.modules[runnables["triton_ragged"].metadata.misc["module_name"]]
+    triton_mod = entry_module(runnables["triton_ragged"])
     rows = []
     for batch in RAGGED_BATCHES[:4]:
         case = RaggedCase(batch.q_lens, batch.kv_lens)

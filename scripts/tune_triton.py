@@ -12,7 +12,6 @@ FlashInfer's paged wrapper, and on the same keys contiguous (ragged). Interleave
 import argparse
 import functools
 import json
-import sys
 
 import torch
 import triton
@@ -24,6 +23,7 @@ from prefill_bundle.testing import (
     PagedCase,
     RaggedCase,
     build_solution,
+    entry_module,
     make_inputs,
     poisoned_outputs,
 )
@@ -72,7 +72,7 @@ def solution(name):
 
 
 def module_of(runnable):
-    return sys.modules[runnable.metadata.misc["module_name"]]
+    return entry_module(runnable)
 
 
 def launch_variant(case, meta, inputs, outputs):

@@ -6,14 +6,13 @@ comes last, so each case's one fault is what fails); Triton, interpreted, also t
 
 import math
 import re
-import sys
 
 import pytest
 import torch
 
 from prefill_bundle import arguments
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.testing import build_solution
+from prefill_bundle.testing import build_solution, entry_module
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -387,7 +386,7 @@ def test_checked_on_every_call(backend):
 
 @pytest.mark.parametrize("name", ["triton_mini", "triton_ragged"])
 def test_cpu_tensors_are_rejected_without_the_interpreter(name, monkeypatch):
-    module = sys.modules[build_solution(name).metadata.misc["module_name"]]
+    module = entry_module(name)
     monkeypatch.setattr(module, "INTERPRET", False)
     args = padded_args() if name == "triton_mini" else ragged_args()
     args = [x.cpu() if isinstance(x, torch.Tensor) else x for x in args]
@@ -410,7 +409,7 @@ def test_validation_mode_names_the_first_bad_position(backend, qo, kv, position,
         pytest.skip("needs a GPU")
     run = entry(backend, "ragged")
     if backend != "cuda":  # Python solutions read the switch once, at import
-        module = sys.modules[run.metadata.misc["module_name"]]
+        module = entry_module(run)
         monkeypatch.setattr(module, "VALIDATE", True)
     else:
         monkeypatch.setenv("PREFILL_BUNDLE_VALIDATE", "1")

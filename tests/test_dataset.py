@@ -3,7 +3,6 @@ generated files are in sync with their sources."""
 
 import csv
 import json
-import sys
 
 import torch
 from flashinfer_bench import TraceSet
@@ -15,7 +14,7 @@ from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.testing import build_solution, load_script, load_solution
+from prefill_bundle.testing import build_solution, entry_module, load_script, load_solution
 from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 
@@ -228,10 +227,10 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
 def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():
     """scripts/tilelang_cache.py lists the TileLang programs by hand: each committed workload's
     program, as the entry's own plan (paged_plan) picks it on an H100, must be among them."""
-    programs = set(load_script("tilelang_cache").programs())
-    runnable = build_solution("tilelang_paged_ps64")
-    entry = sys.modules[runnable.metadata.misc["module_name"]]
-    sms = load_script("tilelang_cache").H100_SMS
+    cache_script = load_script("tilelang_cache")
+    programs = set(cache_script.programs())
+    entry = entry_module("tilelang_paged_ps64")
+    sms = cache_script.H100_SMS
     traces = load().workloads
     picked = {("bfloat16", True, None, False, False, False, False),  # ragged
               ("bfloat16", True, None, True, False, False, False),  # window

@@ -43,6 +43,7 @@ from prefill_bundle.testing import (
     build_solution_object,
     check_malformed_outputs,
     check_outputs,
+    entry_module,
     fused_qkv_inputs,
     load_script,
     make_inputs,
@@ -54,11 +55,6 @@ from prefill_bundle.testing import (
 )
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
-
-
-def entry_module(name: str):
-    """The packed solution's entry module, as flashinfer-bench imports it."""
-    return sys.modules[build_solution(name).metadata.misc["module_name"]]
 
 
 # 1. Compilation for the H100, once per variant and session -----------------------------------

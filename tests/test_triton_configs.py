@@ -1,7 +1,6 @@
 """Every launch config the Triton plans can pick computes the same function (interpreter on CPU,
 the GPU when there is one): block shapes and query heads packed per tile."""
 
-import sys
 
 import pytest
 import torch
@@ -9,8 +8,8 @@ import torch
 from prefill_bundle.testing import (
     PaddedCase,
     RaggedCase,
-    build_solution,
     check_outputs,
+    entry_module,
     make_inputs,
     poisoned_outputs,
     reference_outputs,
@@ -37,8 +36,7 @@ CASES = [
 
 
 def triton_module(solution):
-    runnable = build_solution(solution)
-    return sys.modules[runnable.metadata.misc["module_name"]]
+    return entry_module(solution)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -11,7 +11,6 @@ when there is one): it changes where keys and values come from and nothing else.
 """
 
 import math
-import sys
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from prefill_bundle.testing import (
     PagedCase,
     build_solution,
     check_outputs,
+    entry_module,
     make_inputs,
     poisoned_outputs,
     reference,
@@ -51,8 +51,7 @@ CASES = [
 
 
 def triton_module():
-    runnable = build_solution("triton_paged_ps64")
-    return sys.modules[runnable.metadata.misc["module_name"]]
+    return entry_module("triton_paged_ps64")
 
 
 def split_inputs(case, inputs):

@@ -2,7 +2,6 @@
 (interpreter on CPU, the GPU when there is one), in both tile layouts, and windows that hide no
 key run as plain causal."""
 
-import sys
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from prefill_bundle.testing import (
     RaggedCase,
     build_solution,
     check_outputs,
+    entry_module,
     make_inputs,
     poisoned_outputs,
     reference_outputs,
@@ -33,7 +33,7 @@ CASES = [
 
 def triton_swa():
     runnable = build_solution("triton_swa")
-    return runnable, sys.modules[runnable.metadata.misc["module_name"]]
+    return runnable, entry_module(runnable)
 
 
 def tiles_read(q_len, kv_len, window_left, tokens_per_tile, block_n) -> set:

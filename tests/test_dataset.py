@@ -213,9 +213,9 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
         writer.writerow(columns)
         writer.writerows(rows)
     script = load_script("stall_by_role")
-    by_role = {r["role"]: 0.0 for r in script.read_rows(path)}
+    by_role = {}
     for r in script.read_rows(path):
-        by_role[r["role"]] += r["samples"]
+        by_role[r["role"]] = by_role.get(r["role"], 0.0) + r["samples"]
     assert by_role == {"prologue": 2, "producer": 30, "consumer": 68}
     summary = script.summarize(str(path))
     assert "producer   30.0% of samples" in summary

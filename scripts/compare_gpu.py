@@ -17,7 +17,7 @@ import triton.testing
 from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
 
-from prefill_bundle import MINI, PAGE_SIZES, RAGGED
+from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
     PaddedCase,
@@ -29,7 +29,7 @@ from prefill_bundle.testing import (
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES
+from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES, RAGGED_BATCHES
 
 PADDED = [
     PaddedCase(8, 2048, 2048, True),
@@ -50,6 +50,11 @@ for _name, _page_size in PAGE_SIZES.items():
         [PagedCase(b.q_lens, b.kv_lens, _page_size, shared_prefix=b.shared_prefix)
          for b in PAGED_BATCHES],
     )  # fmt: skip
+CASES[PAGED_FP8] = (
+    "flashinfer_fp8kv",
+    [PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix,
+               fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)) for b in PAGED_BATCHES],
+)  # fmt: skip
 
 
 def compare(names, baseline, cases, old=()):

@@ -52,14 +52,17 @@ def compile_program(job) -> str:
 
     kernels = tilelang_kernels()
     start = time.perf_counter()
-    if job[0] == "merge":
-        kernels.compile_merge(job[1])
-    else:
-        dtype, causal, page_size, window, fp8, split, pack = job
-        kernels.compile_variant(
-            dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
-            cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
-        )  # fmt: skip
+    try:
+        if job[0] == "merge":
+            kernels.compile_merge(job[1])
+        else:
+            dtype, causal, page_size, window, fp8, split, pack = job
+            kernels.compile_variant(
+                dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
+                cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
+            )  # fmt: skip
+    except Exception as error:  # TVM's errors do not pickle back to the pool: their text does
+        raise RuntimeError(f"{type(error).__name__}: {error}") from None
     return f"{job}: {time.perf_counter() - start:.0f} s"
 
 
@@ -67,9 +70,16 @@ def main():
     cache = Path(tempfile.mkdtemp(prefix="tilelang-cache-"))
     os.environ["TILELANG_CACHE_DIR"] = str(cache)  # the workers inherit it before importing
     jobs = programs()
+    failed = []
     with ProcessPoolExecutor(os.cpu_count(), mp_context=get_context("spawn")) as pool:
-        for line in pool.map(compile_program, jobs):
-            print(line, flush=True)
+        for job, future in [(job, pool.submit(compile_program, job)) for job in jobs]:
+            try:
+                print(future.result(), flush=True)
+            except Exception as error:  # a worker's compile error (or its death): name the job
+                print(f"{job}: FAILED: {error!r}"[:2000], flush=True)
+                failed.append(job)
+    if failed:
+        return f"{len(failed)} of {len(jobs)} programs failed to compile: {failed}"
     subprocess.run(["tar", "-C", str(cache), "-cJf", str(ARCHIVE), "."], check=True)
     print(f"{len(jobs)} programs: {ARCHIVE} ({ARCHIVE.stat().st_size / 2**20:.1f} MiB)")
 

@@ -241,11 +241,16 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     @T.macro
     def MarkBad(scratch, item, ws):
-        if ws:
-            # Loaders may all mark it: atomic, and declared a read so that TileLang's sync
-            # planner adds no loader-warpgroup barrier per tile for it (its value is read by
-            # the consumers only, after the last V tile's full barrier, which orders it).
+        if ws and gather:
+            # The loader warpgroup may all mark it: atomic, and declared a read so that
+            # TileLang's sync planner adds no barrier of the warpgroup per tile for it (the
+            # consumers read it after the last V tile's full barrier, which orders it). The
+            # FP8 loaders keep TileLang's atomic: hidden, the planner's barrier moved into a
+            # divergent region of their packed split program, which then failed to lower.
             T.call_extern("int32", "atomicMax", T.access_ptr(scratch[1][item % 2], "r"), item + 1)
+        elif ws:
+            # Atomic: TileLang then adds no barrier for the loaders that may all write it.
+            T.atomic_max(scratch[1][item % 2], item + 1)
         else:
             scratch[1][item % 2] = item + 1
 

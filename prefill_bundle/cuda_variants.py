@@ -102,10 +102,10 @@ def check_knobs(runnable, knobs: BuildKnobs, variant: str) -> None:
         )
 
 
-def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
+def variant_solution(solution_name: str, variant: str, knobs: BuildKnobs):
     """The packed solution with these knobs ("default": with the sources' own, which must be
-    SHIPPED), built by flashinfer-bench under its own name and namespace."""
-    from .testing import build_solution_object, load_solution
+    SHIPPED) under its own name and namespace, e.g. for `compare_gpu.py --old` as JSON."""
+    from .testing import load_solution
 
     header = variant_header(variant, knobs)
     solution = load_solution(solution_name)
@@ -115,7 +115,13 @@ def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
             source["content"] = header + source["content"]
     # Validated anew: model_copy would keep the original's memoized hash, under which
     # flashinfer-bench's registry hands back the build it already has (the shipped one).
-    copy = type(solution).model_validate({**fields, "name": f"{solution_name}_{variant}"})
-    runnable = build_solution_object(copy)
+    return type(solution).model_validate({**fields, "name": f"{solution_name}_{variant}"})
+
+
+def build_variant(solution_name: str, variant: str, knobs: BuildKnobs):
+    """variant_solution's, built by flashinfer-bench, its knobs checked."""
+    from .testing import build_solution_object
+
+    runnable = build_solution_object(variant_solution(solution_name, variant, knobs))
     check_knobs(runnable, knobs, variant)
     return runnable

@@ -12,6 +12,7 @@ and lists its Hopper kernels' stack and local memory (non-zero: spills).
 
     TVM_FFI_CUDA_ARCH_LIST=9.0a python scripts/tune_cuda.py [variant ...]
     python scripts/tune_cuda.py --compile-only [variant ...]
+    python scripts/tune_cuda.py --json cuda_paged_ps1 .ab paged_3_stages   # for compare_gpu --old
 """
 
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import triton.testing
@@ -33,6 +35,7 @@ from prefill_bundle.cuda_variants import (
     BuildKnobs,
     build_variant,
     set_cuda_home,
+    variant_solution,
 )
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
@@ -68,6 +71,11 @@ VARIANTS = {
     # A 3-stage K/V ring for the causal kernels, fitting 227 KiB without the output buffer.
     "causal_3_stages": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, kv_stages=3, own_output_buffer=False)
+    ),
+    # A 3-stage K/V ring for the paged kernels (page sizes 64 and 1, FP8), fitting 227 KiB
+    # without the output buffer: the page-size-1 gather has a tile more to land.
+    "paged_3_stages": BuildKnobs(
+        paged=replace(SHIPPED_PAGED, kv_stages=3, own_output_buffer=False)
     ),
     # Non-causal with 128-key tiles, one CTA per item, then persistent (TUNING.md: 0.85, 0.81).
     "full_block_n_128": BuildKnobs(
@@ -123,8 +131,20 @@ def compile_only(variants: list) -> None:
             print(f"    {kernel:70s} {usage}", flush=True)
 
 
+def write_json(solution: str, folder: str, variants: list) -> None:
+    """Each variant of a packed CUDA solution as Solution JSON, for `compare_gpu.py --old`
+    (timed beside the shipped solution and FlashInfer on that solution's definition)."""
+    for variant in variants:
+        path = Path(folder) / f"{solution}_{variant}.json"
+        path.write_text(variant_solution(solution, variant, VARIANTS[variant]).model_dump_json())
+        print(path)
+
+
 def main():
     args = sys.argv[1:]
+    if args[:1] == ["--json"]:  # --json SOLUTION FOLDER VARIANT ...
+        write_json(args[1], args[2], args[3:])
+        return
     variants = [a for a in args if a != "--compile-only"] or list(VARIANTS)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -184,12 +184,7 @@ def compile_variant(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
         cache_dtype=cache_dtype, split=split, pack=pack, **config,
     )  # fmt: skip
-    configs = dict(PASS_CONFIGS)
-    if page_size == 1:
-        # Its loaders write the ring through a call declared a read (gqa_prefill_kv,
-        # GatherHeldRows), so TileLang's check for buffers read before any write would warn.
-        configs[tilelang.PassConfigKey.TL_DISABLE_BUFFER_INIT_CHECK] = True
-    return tilelang.compile(func, target=target, pass_configs=configs)
+    return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)
 
 
 def compile_merge(dtype: str, target=SM90A):

@@ -241,14 +241,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     @T.macro
     def MarkBad(scratch, item, ws):
-        if ws and gather:
-            # The loader warpgroup may all mark it: atomic, and declared a read so that
-            # TileLang's sync planner adds no barrier of the warpgroup per tile for it (the
-            # consumers read it after the last V tile's full barrier, which orders it). The
-            # FP8 loaders keep TileLang's atomic: hidden, the planner's barrier moved into a
-            # divergent region of their packed split program, which then failed to lower.
-            T.call_extern("int32", "atomicMax", T.access_ptr(scratch[1][item % 2], "r"), item + 1)
-        elif ws:
+        if ws:
             # Atomic: TileLang then adds no barrier for the loaders that may all write it.
             T.atomic_max(scratch[1][item % 2], item + 1)
         else:
@@ -430,10 +423,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         """Tile k's keys into shared[stage] by the producer warpgroup, from HoldPageIds' held
         pages (shuffled) and read bits: the copies are in flight when it returns. A row costs a
         shuffle, a bit test, the address's IMAD.WIDE.U32 and the cp.async (fully unrolled: the
-        shared address is an immediate offset, the shuffle's source lane a constant). The
-        destination is declared a read: no loader reads the ring, the slot is free once its
-        empty barrier passed and the full barrier publishes the rows, so the two barriers of
-        the loader warpgroup TileLang's sync planner put before each gather order nothing."""
+        shared address is an immediate offset, the shuffle's source lane a constant)."""
         tx = T.get_thread_binding()
         rows = rows_per_pass(loader_threads)
         chunks = HEAD_DIM // VECTOR  # threads a row
@@ -443,7 +433,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         for i in T.unroll(block_N // rows):
             T.call_extern(
                 "handle", "tl_gather_row16",
-                T.access_ptr(shared[stage, i * rows + row, col], "r", VECTOR),
+                T.access_ptr(shared[stage, i * rows + row, col], "w", VECTOR),
                 T.access_ptr(cache[0, 0, kv_head % NUM_KV_HEADS, col], "r", VECTOR),
                 T.Cast("uint32", T.shfl_sync(held[0], i, 16)), page_bytes,
                 T.Cast("uint32", T.bitwise_and(held[1], T.shift_left(1, i))),

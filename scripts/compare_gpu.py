@@ -12,7 +12,9 @@ change from a host one.
 """
 
 import argparse
+import math
 
+import torch
 import triton.testing
 from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
@@ -57,6 +59,18 @@ CASES[PAGED_FP8] = (
 )  # fmt: skip
 
 
+def error(args, inputs, name, baseline) -> float:
+    """The normwise distance of name's output to the baseline's (destination-passing: the first
+    argument after the inputs, written by the timed calls); inf if not finite, nan if either
+    returns its outputs instead."""
+    if min(len(args[name]), len(args[baseline])) == len(inputs):
+        return math.nan
+    output, expected = args[name][len(inputs)].float(), args[baseline][len(inputs)].float()
+    if not bool(torch.isfinite(output).all()):
+        return math.inf
+    return ((output - expected).norm() / expected.norm()).item()
+
+
 def compare(names, baseline, cases, old=()):
     runnables = {name: build_solution(name) for name in [baseline, *names]}
     for solution in old:
@@ -81,7 +95,9 @@ def compare(names, baseline, cases, old=()):
                 kernel[name] = min(kernel[name], triton.testing.do_bench(call, 10, 50))
         for name in names:
             ratios = best[baseline] / best[name], kernel[baseline] / kernel[name]
-            rows.append((case.id[:34], name, best[name], *ratios))
+            rows.append(
+                (case.id[:34], name, best[name], *ratios, error(args, inputs, name, baseline))
+            )
     return rows
 
 
@@ -101,9 +117,13 @@ def main():
             olds = [s for s in old if s.definition == definition]
             rows += compare(names, baseline, big, olds)
     print("gpu at end:", clocks())
-    print(f"\n{'shape':34s} {'solution':20s} {'ms':>9s} {'FI/x':>6s} {'kernel FI/x':>11s}")
-    for shape, name, ms, ratio, kernel_ratio in rows:
-        print(f"{shape:34s} {name:20s} {ms:9.4f} {ratio:6.2f} {kernel_ratio:11.2f}")
+    # err: the output's normwise distance to the baseline's (a wrong variant is not a fast one)
+    header = f"{'shape':34s} {'solution':20s} {'ms':>9s} {'FI/x':>6s} {'kernel FI/x':>11s}"
+    print(f"\n{header} {'err vs FI':>9s}")
+    for shape, name, ms, ratio, kernel_ratio, err in rows:
+        flag = " WRONG" if err >= 2e-2 else ""  # not for nan: not compared
+        row = f"{shape:34s} {name:20s} {ms:9.4f} {ratio:6.2f} {kernel_ratio:11.2f}"
+        print(f"{row} {err:9.1e}{flag}")
 
 
 if __name__ == "__main__":

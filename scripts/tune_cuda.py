@@ -72,8 +72,8 @@ VARIANTS = {
     "causal_3_stages": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, kv_stages=3, own_output_buffer=False)
     ),
-    # A 3-stage K/V ring for the paged kernels (page sizes 64 and 1, FP8), fitting 227 KiB
-    # without the output buffer: the page-size-1 gather has a tile more to land.
+    # A 3-stage K/V ring for the paged kernels (page sizes 64 and 1; FP8 keeps its tiles),
+    # fitting 227 KiB without the output buffer: 1-10% slower (TUNING.md).
     "paged_3_stages": BuildKnobs(
         paged=replace(SHIPPED_PAGED, kv_stages=3, own_output_buffer=False)
     ),

@@ -103,5 +103,11 @@ using Knobs = GQA_PREFILL_KNOBS;
 template <bool kCausal>
 using HopperTiles = std::conditional_t<kCausal, Knobs::CausalTiles, Knobs::FullTiles>;
 using PagedHopperTiles = Knobs::PagedTiles;
+// The FP8 kernels keep the shipped paged knobs whatever a variant asks of the paged family:
+// their staging buffer 0 lives in the output buffer of a two-stage ring (kv_paged_fp8.cuh).
+using Fp8HopperTiles = ShippedKnobs<KernelFamily::kPaged>;
+static_assert(Fp8HopperTiles::kBlockN == PagedHopperTiles::kBlockN &&
+                  Fp8HopperTiles::kPersistent == PagedHopperTiles::kPersistent,
+              "the paged launch schedules FP8's items with the paged family's tiles");
 
 }  // namespace gqa_prefill

@@ -124,7 +124,7 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4 (&out)[2]) {
 // consumed, per staging buffer), the leader's state and staging buffer 1. A staging buffer:
 // one 128-key tile of K (16 KiB) then one of V.
 struct Fp8Smem {
-  using Smem = HopperSmem<PagedHopperTiles>;
+  using Smem = HopperSmem<Fp8HopperTiles>;
   static constexpr uint32_t kStagedK = Smem::kItems + 128;  // + 8 * buffer
   static constexpr uint32_t kStagedV = kStagedK + 16, kConsumed = kStagedV + 16;
   // The leader's state, kept here rather than in registers (the producer has 40): the next
@@ -134,7 +134,7 @@ struct Fp8Smem {
   static constexpr uint32_t kBuffer1 = kStagedK + 128;  // 128-byte aligned
   static constexpr uint32_t kBytes = kBuffer1 + 2 * kFp8TileBytes + 1024;  // + alignment slack
   static_assert(kItemBad + 4 <= kBuffer1, "the barriers and the leader's state fit");
-  static_assert(PagedHopperTiles::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
+  static_assert(Fp8HopperTiles::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
                 "staging buffer 0 fits in the output buffer");
   static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
   __host__ __device__ static constexpr uint32_t buffer(uint32_t b) {
@@ -424,7 +424,7 @@ template <typename T>
 __global__ void GQA_WGMMA_BOUNDS
 gqa_prefill_paged_fp8_wgmma_kernel(const __grid_constant__ PagedHopperParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  hopper_attention<T, true, PagedFp8Kv<T>, PagedHopperTiles>(params.hp, params.pages);
+  hopper_attention<T, true, PagedFp8Kv<T>, Fp8HopperTiles>(params.hp, params.pages);
 #else
   __trap();
 #endif

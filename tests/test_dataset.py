@@ -3,7 +3,9 @@ generated files are in sync with their sources."""
 
 import csv
 import json
+import statistics
 
+import pytest
 import torch
 from flashinfer_bench import TraceSet
 from flashinfer_bench.compile.builder import BuildError
@@ -222,6 +224,24 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     assert "long_sb 100%" in summary
     assert " 8.0x cons x   32.0K STSM" in summary
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted
+
+
+def test_paged_vs_ragged_cancels_a_clock_drift(monkeypatch):
+    """scripts/paged_vs_ragged.py's rounds alternate ABBA: two equal kernels on a card that
+    slows by 1% a call (the drift seen within one call) pair at 1.0 (ragged first every round
+    gave 0.99 each round)."""
+    script = load_script("paged_vs_ragged")
+    calls = []
+
+    def drifting_ms(fn, args):
+        calls.append(fn)
+        return 1.0 + 0.01 * len(calls)
+
+    monkeypatch.setattr(script, "kernel_ms", drifting_ms)
+    ratios = script.paired_ratios({"ragged": ("r", ()), "paged": ("p", ())})
+    assert len(ratios) == script.ROUNDS and calls[:4] == ["r", "p", "p", "r"]
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=1e-3)
+    assert sum(ratios) / len(ratios) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():

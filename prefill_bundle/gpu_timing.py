@@ -1,7 +1,8 @@
-"""Helpers of the GPU scripts (scripts/tune_*.py, compare_gpu.py, host_cost.py): the card's
-clock and temperature (it heats up within one call: print them with every timing), and the host
-time of a call."""
+"""Helpers of the GPU scripts (scripts/tune_*.py, compare_gpu.py, host_cost.py, the pairing
+scripts): the card's clock and temperature (it heats up within one call: print them with every
+timing), kernels timed in alternating rounds, and the host time of a call."""
 
+import statistics
 import subprocess
 import time
 
@@ -28,3 +29,28 @@ def host_us(fn, calls: int = 400) -> float:
     elapsed = (time.perf_counter() - start) / calls
     torch.cuda.synchronize()
     return elapsed * 1e6
+
+
+PAIRED_ROUNDS = 6
+
+
+def alternating_ms(timers: dict, rounds: int = PAIRED_ROUNDS) -> dict:
+    """name -> its ms in each round, the timers (name -> a callable returning ms) alternating
+    ABBA round by round (A B, B A, ...): the card's clock drifts within a call (1.7-1.98 GHz,
+    power and heat) by more than the gaps the pairing scripts look for, and a linear drift
+    cancels over each two rounds (ragged-first rounds read 0.99 for equal kernels: tests)."""
+    names = list(timers)
+    ms = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            ms[name].append(timers[name]())
+    return ms
+
+
+def round_ratios(ms: dict, numerator: str, denominator: str) -> list:
+    """numerator's ms over denominator's, round by round (alternating_ms's rounds)."""
+    return [a / b for a, b in zip(ms[numerator], ms[denominator])]
+
+
+def median(values: list) -> float:
+    return statistics.median(values)

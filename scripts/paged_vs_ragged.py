@@ -1,8 +1,8 @@
 """On the GPU: each backend's paged kernel against its own ragged kernel on the same K/V (the
 paged workloads' shapes; the ragged K/V is the pages gathered), kernel time in one call. The
 card's clock drifts within a call (power and heat: 1.7-1.98 GHz) by more than the gap measured,
-so the two kernels alternate in 6 short rounds, ABBA order (ragged, paged, paged, ragged, ...;
-a linear drift cancels), and the ratio printed is the median of the rounds' ratios, with their
+so the two kernels alternate in 6 short rounds, ABBA order (gpu_timing.alternating_ms: a
+linear drift cancels), and the ratio printed is the median of the rounds' ratios, with their
 spread. The issue's bar: paged at least 0.95x its ragged speed at page size 64, 0.9x at page
 size 1.
 
@@ -11,12 +11,11 @@ size 1.
 """
 
 import argparse
-import statistics
 
 import torch
 import triton.testing
 
-from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
 from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
 from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
 
@@ -38,17 +37,10 @@ def kernel_ms(fn, args) -> float:
     return triton.testing.do_bench(lambda: fn(*args), warmup=5, rep=20)
 
 
-ROUNDS = 6
-
-
 def paired_ratios(pair: dict) -> list:
-    """ragged ms / paged ms of each round, the kernels alternating ABBA round by round."""
-    ratios = []
-    for round_ in range(ROUNDS):
-        order = ("ragged", "paged") if round_ % 2 == 0 else ("paged", "ragged")
-        ms = {kind: kernel_ms(*pair[kind]) for kind in order}
-        ratios.append(ms["ragged"] / ms["paged"])
-    return ratios
+    """ragged ms / paged ms of each round (gpu_timing.alternating_ms: ABBA)."""
+    timers = {kind: (lambda kind=kind: kernel_ms(*pair[kind])) for kind in ("ragged", "paged")}
+    return round_ratios(alternating_ms(timers), "ragged", "paged")
 
 
 def main():
@@ -89,7 +81,7 @@ def main():
           f"{'paged/ragged speed':>18s} {'rounds: min-max':>16s}")  # fmt: skip
     for name, page_size, backend, ragged_ms, paged_ms, ratios in rows:
         bar = 0.95 if page_size > 1 else 0.9
-        ratio = statistics.median(ratios)
+        ratio = median(ratios)
         flag = "" if ratio >= bar or backend == "flashinfer" else f"  < {bar}"
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
         print(f"{name:30s} {page_size:3d} {backend:10s} {ragged_ms:10.4f} {paged_ms:9.4f} "

@@ -12,7 +12,7 @@ from flashinfer_bench.compile.builder import BuildError
 from flashinfer_bench.data import SupportedLanguages
 from safetensors.torch import load_file
 
-from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
+from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA, gpu_timing
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
@@ -226,10 +226,10 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted
 
 
-def test_paged_vs_ragged_cancels_a_clock_drift(monkeypatch):
-    """scripts/paged_vs_ragged.py's rounds alternate ABBA: two equal kernels on a card that
-    slows by 1% a call (the drift seen within one call) pair at 1.0 (ragged first every round
-    gave 0.99 each round)."""
+def test_pairing_rounds_cancel_a_clock_drift(monkeypatch):
+    """gpu_timing.alternating_ms, which the pairing scripts time with (paged_vs_ragged.py's
+    paired_ratios here): two equal kernels on a card that slows by 1% a call (the drift seen
+    within one call) pair at 1.0, where ragged-first rounds gave 0.99 every round."""
     script = load_script("paged_vs_ragged")
     calls = []
 
@@ -239,9 +239,13 @@ def test_paged_vs_ragged_cancels_a_clock_drift(monkeypatch):
 
     monkeypatch.setattr(script, "kernel_ms", drifting_ms)
     ratios = script.paired_ratios({"ragged": ("r", ()), "paged": ("p", ())})
-    assert len(ratios) == script.ROUNDS and calls[:4] == ["r", "p", "p", "r"]
+    assert len(ratios) == gpu_timing.PAIRED_ROUNDS and calls[:4] == ["r", "p", "p", "r"]
     assert statistics.median(ratios) == pytest.approx(1.0, abs=1e-3)
     assert sum(ratios) / len(ratios) == pytest.approx(1.0, abs=1e-3)
+    # three timers (window_vs_causal, fp8_vs_bf16 take two; any count alternates)
+    ms = gpu_timing.alternating_ms({n: (lambda n=n: calls.append(n) or 1.0) for n in "abc"}, 2)
+    assert ms == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    assert calls[-6:] == ["a", "b", "c", "c", "b", "a"]
 
 
 def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():

@@ -37,10 +37,10 @@ def kernel_ms(fn, args) -> float:
     return triton.testing.do_bench(lambda: fn(*args), warmup=5, rep=20)
 
 
-def paired_ratios(pair: dict) -> list:
-    """ragged ms / paged ms of each round (gpu_timing.alternating_ms: ABBA)."""
+def paired_ms(pair: dict) -> dict:
+    """The ragged and paged kernels' ms in each round (gpu_timing.alternating_ms: ABBA)."""
     timers = {kind: (lambda kind=kind: kernel_ms(*pair[kind])) for kind in ("ragged", "paged")}
-    return round_ratios(alternating_ms(timers), "ragged", "paged")
+    return alternating_ms(timers)
 
 
 def main():
@@ -73,9 +73,12 @@ def main():
                         else []
                     )
                     pair[kind] = (fn, args + outs)
-                ms = {kind: kernel_ms(fn, args) for kind, (fn, args) in pair.items()}  # warm
-                ratios = paired_ratios(pair)
-                rows.append((batch.name, page_size, backend, ms["ragged"], ms["paged"], ratios))
+                for fn, args in pair.values():
+                    kernel_ms(fn, args)  # warm-up
+                ms = paired_ms(pair)
+                ratios = round_ratios(ms, "ragged", "paged")
+                row = (median(ms["ragged"]), median(ms["paged"]), ratios)
+                rows.append((batch.name, page_size, backend, *row))
     print("gpu at end:", clocks())
     print(f"\n{'workload':30s} {'ps':>3s} {'backend':10s} {'ragged ms':>10s} {'paged ms':>9s} "
           f"{'paged/ragged speed':>18s} {'rounds: min-max':>16s}")  # fmt: skip

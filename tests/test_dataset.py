@@ -228,7 +228,7 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
 
 def test_pairing_rounds_cancel_a_clock_drift(monkeypatch):
     """gpu_timing.alternating_ms, which the pairing scripts time with (paged_vs_ragged.py's
-    paired_ratios here): two equal kernels on a card that slows by 1% a call (the drift seen
+    paired_ms here): two equal kernels on a card that slows by 1% a call (the drift seen
     within one call) pair at 1.0, where ragged-first rounds gave 0.99 every round."""
     script = load_script("paged_vs_ragged")
     calls = []
@@ -238,7 +238,8 @@ def test_pairing_rounds_cancel_a_clock_drift(monkeypatch):
         return 1.0 + 0.01 * len(calls)
 
     monkeypatch.setattr(script, "kernel_ms", drifting_ms)
-    ratios = script.paired_ratios({"ragged": ("r", ()), "paged": ("p", ())})
+    ms = script.paired_ms({"ragged": ("r", ()), "paged": ("p", ())})
+    ratios = gpu_timing.round_ratios(ms, "ragged", "paged")
     assert len(ratios) == gpu_timing.PAIRED_ROUNDS and calls[:4] == ["r", "p", "p", "r"]
     assert statistics.median(ratios) == pytest.approx(1.0, abs=1e-3)
     assert sum(ratios) / len(ratios) == pytest.approx(1.0, abs=1e-3)

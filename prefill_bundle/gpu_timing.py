@@ -34,16 +34,24 @@ def host_us(fn, calls: int = 400) -> float:
 PAIRED_ROUNDS = 6
 
 
-def alternating_ms(timers: dict, rounds: int = PAIRED_ROUNDS) -> dict:
-    """name -> its ms in each round, the timers (name -> a callable returning ms) alternating
-    ABBA round by round (A B, B A, ...): the card's clock drifts within a call (1.7-1.98 GHz,
-    power and heat) by more than the gaps the pairing scripts look for, and a linear drift
-    cancels over each two rounds (ragged-first rounds read 0.99 for equal kernels: tests)."""
-    names = list(timers)
+def kernel_ms(fn, args, warmup: int = 10, rep: int = 50) -> float:
+    """fn(*args)'s kernel time: triton.testing.do_bench (L2 flushed before each call)."""
+    import triton.testing
+
+    return triton.testing.do_bench(lambda: fn(*args), warmup=warmup, rep=rep)
+
+
+def alternating_ms(calls: dict, rounds: int = PAIRED_ROUNDS, timer=kernel_ms) -> dict:
+    """name -> its ms in each round, the calls (name -> (fn, args)) timed by timer(fn, args)
+    alternating ABBA round by round (A B, B A, ...): the card's clock drifts within a call
+    (1.7-1.98 GHz, power and heat) by more than the gaps the pairing scripts look for, and a
+    linear drift cancels over each two rounds (ragged-first rounds read 0.99 for equal
+    kernels: tests)."""
+    names = list(calls)
     ms = {name: [] for name in names}
     for round_ in range(rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            ms[name].append(timers[name]())
+            ms[name].append(timer(*calls[name]))
     return ms
 
 

@@ -378,6 +378,13 @@ def tilelang_kernels(name_or_runnable="tilelang_ragged"):
     return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
 
 
+def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in fp32: the GPU scripts' accuracy figure (nan or
+    inf where actual is not finite)."""
+    actual, expected = actual.float(), expected.float()
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
 def load_script(name: str):
     """scripts/NAME.py as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")

@@ -29,6 +29,7 @@ from prefill_bundle.testing import (
     build_solution_object,
     load_solution,
     make_inputs,
+    normwise_error,
     poisoned_outputs,
 )
 from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES, RAGGED_BATCHES
@@ -65,10 +66,10 @@ def error(args, inputs, name, baseline) -> float:
     returns its outputs instead."""
     if min(len(args[name]), len(args[baseline])) == len(inputs):
         return math.nan
-    output, expected = args[name][len(inputs)].float(), args[baseline][len(inputs)].float()
+    output, expected = args[name][len(inputs)], args[baseline][len(inputs)]
     if not bool(torch.isfinite(output).all()):
         return math.inf
-    return ((output - expected).norm() / expected.norm()).item()
+    return normwise_error(output, expected)
 
 
 def compare(names, baseline, cases, old=()):

@@ -15,13 +15,13 @@ the reference in fp32 on the dequantized K/V.
 import argparse
 
 import torch
-import triton.testing
 
 from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
 from prefill_bundle.testing import (
     PagedCase,
     build_solution,
     make_inputs,
+    normwise_error,
     poisoned_outputs,
     reference_outputs,
     run_solution,
@@ -34,15 +34,6 @@ FP8 = torch.float8_e4m3fn
 def finite_fp8(x: torch.Tensor) -> torch.Tensor:
     """NaN in the unused cache slots set to 0 (FlashInfer reads whole pages)."""
     return x.float().nan_to_num().to(FP8)
-
-
-def kernel_ms(fn, args) -> float:
-    return triton.testing.do_bench(lambda: fn(*args), warmup=10, rep=50)
-
-
-def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = actual.float() - expected.float()
-    return float(diff.norm() / expected.float().norm())
 
 
 def main():
@@ -74,7 +65,7 @@ def main():
                 outs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
                 pair[kind] = (fn, args + outs)
             error = normwise_error(run_solution(f"{backend}_fp8kv", case, fp8)[0], expected[0])
-            ms = alternating_ms({kind: (lambda kind=kind: kernel_ms(*pair[kind])) for kind in pair})
+            ms = alternating_ms(pair)
             ratio = median(round_ratios(ms, "bf16", "fp8"))
             rows.append((batch.name, sum(batch.kv_lens), backend, median(ms["bf16"]),
                          median(ms["fp8"]), ratio, error))  # fmt: skip

@@ -22,7 +22,7 @@ from flashinfer_bench.apply import apply, disable_apply
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED
 from prefill_bundle.serving import dispatch_table, enable_bundle_apply
-from prefill_bundle.testing import build_solution
+from prefill_bundle.testing import build_solution, normwise_error
 from prefill_bundle.workloads import lengths_to_indptr
 
 HIDDEN = NUM_HEADS * HEAD_DIM
@@ -157,7 +157,7 @@ def drop_in(stream):
         restore()
         disable_apply()
     del runtime
-    error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+    error = normwise_error(out, reference)
     return lengths, dict(served), error
 
 
@@ -261,7 +261,7 @@ def prefix_cache_chat(model, page_size):
         if runtime is not None:
             disable_apply()
     (fi_s, fi_out, _), (b_s, b_out, served) = results["flashinfer"], results["bundle"]
-    error = ((b_out.float() - fi_out.float()).norm() / fi_out.float().norm()).item()
+    error = normwise_error(b_out, fi_out)
     return fi_s, b_s, served, error
 
 

@@ -13,9 +13,8 @@ size 1.
 import argparse
 
 import torch
-import triton.testing
 
-from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
+from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
 from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
 
@@ -33,14 +32,9 @@ def gathered(case: PagedCase, inputs: list) -> list:
     return [q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, inputs[-1]]
 
 
-def kernel_ms(fn, args) -> float:
-    return triton.testing.do_bench(lambda: fn(*args), warmup=5, rep=20)
-
-
-def paired_ms(pair: dict) -> dict:
-    """The ragged and paged kernels' ms in each round (gpu_timing.alternating_ms: ABBA)."""
-    timers = {kind: (lambda kind=kind: kernel_ms(*pair[kind])) for kind in ("ragged", "paged")}
-    return alternating_ms(timers)
+def short_kernel_ms(fn, args) -> float:
+    """Shorter than gpu_timing.kernel_ms's default: 6 rounds x 2 kernels x 16 batches."""
+    return kernel_ms(fn, args, warmup=5, rep=20)
 
 
 def main():
@@ -74,8 +68,8 @@ def main():
                     )
                     pair[kind] = (fn, args + outs)
                 for fn, args in pair.values():
-                    kernel_ms(fn, args)  # warm-up
-                ms = paired_ms(pair)
+                    short_kernel_ms(fn, args)  # warm-up
+                ms = alternating_ms(pair, timer=short_kernel_ms)
                 ratios = round_ratios(ms, "ragged", "paged")
                 row = (median(ms["ragged"]), median(ms["paged"]), ratios)
                 rows.append((batch.name, page_size, backend, *row))

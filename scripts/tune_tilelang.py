@@ -13,7 +13,13 @@ import torch
 import triton.testing
 
 from prefill_bundle.gpu_timing import clocks
-from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, tilelang_kernels
+from prefill_bundle.testing import (
+    PaddedCase,
+    build_solution,
+    make_inputs,
+    normwise_error,
+    tilelang_kernels,
+)
 
 CONFIGS = [
     # FA3 written out: TMA producer warp, mbarrier ring, async wgmma (softmax beside P V); the
@@ -66,7 +72,7 @@ def main():
 
             launch()
             torch.cuda.synchronize()
-            err = ((out.float() - out_fi.float()).norm() / out_fi.float().norm()).item()
+            err = normwise_error(out, out_fi)
             if not err < 2e-3:
                 print(f"cfg{i} {case.id}: WRONG, normwise {err:.2e} vs flashinfer")
                 continue

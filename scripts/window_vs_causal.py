@@ -18,8 +18,6 @@ kernel meets the 0.9 bar there; the gap between the ratio and its bound is the k
 
 import argparse
 
-import triton.testing
-
 from prefill_bundle import HEAD_DIM, NUM_HEADS
 from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
 from prefill_bundle.report import tiled_pairs, visible_pairs
@@ -49,10 +47,6 @@ def tile_bound(batch, backend: str, band: int, full: int) -> float:
     band_tiled = sum(tiled_pairs(q, kv, tokens, keys, batch.window_left) for q, kv in lengths)
     full_tiled = sum(tiled_pairs(q, kv, tokens, keys) for q, kv in lengths)
     return (band / band_tiled) / (full / full_tiled)
-
-
-def kernel_ms(fn, args) -> float:
-    return triton.testing.do_bench(lambda: fn(*args), warmup=10, rep=50)
 
 
 def tflops(pairs: int, ms: float) -> float:
@@ -87,7 +81,7 @@ def main():
                 fn = build_solution(name)
                 outs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
                 pair[kind] = (fn, args + outs)
-            ms = alternating_ms({kind: (lambda kind=kind: kernel_ms(*pair[kind])) for kind in pair})
+            ms = alternating_ms(pair)
             timed[backend] = ms
         for backend, ms in timed.items():
             causal_ms, window_ms = median(ms["causal"]), median(ms["window"])

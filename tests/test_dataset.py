@@ -16,7 +16,13 @@ from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA, 
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
-from prefill_bundle.testing import build_solution, entry_module, load_script, load_solution
+from prefill_bundle.testing import (
+    build_solution,
+    entry_module,
+    load_script,
+    load_solution,
+    normwise_error,
+)
 from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 
@@ -226,27 +232,33 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted
 
 
-def test_pairing_rounds_cancel_a_clock_drift(monkeypatch):
-    """gpu_timing.alternating_ms, which the pairing scripts time with (paged_vs_ragged.py's
-    paired_ms here): two equal kernels on a card that slows by 1% a call (the drift seen
+def test_pairing_rounds_cancel_a_clock_drift():
+    """gpu_timing.alternating_ms, which the pairing scripts (paged_vs_ragged, window_vs_causal,
+    fp8_vs_bf16) time with: two equal kernels on a card that slows by 1% a call (the drift seen
     within one call) pair at 1.0, where ragged-first rounds gave 0.99 every round."""
-    script = load_script("paged_vs_ragged")
     calls = []
 
     def drifting_ms(fn, args):
         calls.append(fn)
         return 1.0 + 0.01 * len(calls)
 
-    monkeypatch.setattr(script, "kernel_ms", drifting_ms)
-    ms = script.paired_ms({"ragged": ("r", ()), "paged": ("p", ())})
+    pair = {"ragged": ("r", ()), "paged": ("p", ())}
+    ms = gpu_timing.alternating_ms(pair, timer=drifting_ms)
     ratios = gpu_timing.round_ratios(ms, "ragged", "paged")
     assert len(ratios) == gpu_timing.PAIRED_ROUNDS and calls[:4] == ["r", "p", "p", "r"]
     assert statistics.median(ratios) == pytest.approx(1.0, abs=1e-3)
     assert sum(ratios) / len(ratios) == pytest.approx(1.0, abs=1e-3)
-    # three timers (window_vs_causal, fp8_vs_bf16 take two; any count alternates)
-    ms = gpu_timing.alternating_ms({n: (lambda n=n: calls.append(n) or 1.0) for n in "abc"}, 2)
-    assert ms == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    # three calls alternate the same way
+    ms = gpu_timing.alternating_ms({n: (n, ()) for n in "abc"}, 2, timer=drifting_ms)
+    assert [len(v) for v in ms.values()] == [2, 2, 2]
     assert calls[-6:] == ["a", "b", "c", "c", "b", "a"]
+
+
+def test_normwise_error():
+    """testing.normwise_error, the scripts' accuracy figure: ||a - b|| / ||b|| in fp32."""
+    expected = torch.tensor([3.0, 0.0], dtype=torch.bfloat16)
+    assert normwise_error(torch.tensor([3.0, 4.0]), expected) == pytest.approx(4 / 3)
+    assert normwise_error(expected, expected) == 0.0
 
 
 def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():

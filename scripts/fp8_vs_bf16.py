@@ -10,6 +10,7 @@ the reference in fp32 on the dequantized K/V.
 
     python scripts/fp8_vs_bf16.py                          # every backend, FlashInfer too
     python scripts/fp8_vs_bf16.py --backends cuda --workloads prefix_hits_16x512_over_4k
+    python scripts/fp8_vs_bf16.py --fp8-q float16   # FP8 kernels fed a float16 q (bf16 as is)
 """
 
 import argparse
@@ -41,6 +42,8 @@ def main():
     parser.add_argument("--backends", nargs="*", default=["cuda", "tilelang", "triton",
                                                           "flashinfer"])  # fmt: skip
     parser.add_argument("--workloads", nargs="*", default=[b.name for b in PAGED_BATCHES])
+    parser.add_argument("--fp8-q", choices=["bfloat16", "float16"], default="bfloat16",
+                        help="q's dtype for the FP8 kernels (float16: their float16 build)")
     options = parser.parse_args()
     print("gpu at start:", clocks())
     rows = []
@@ -51,7 +54,9 @@ def main():
                          fp8_scales=(FP8_K_SCALE, FP8_V_SCALE))  # fmt: skip
         fp8 = make_inputs(case, "cuda", seed=0)
         fp8[1:3] = [finite_fp8(x) for x in fp8[1:3]]
+        fp8[0] = fp8[0].to(getattr(torch, options.fp8_q))
         q, k_cache, v_cache, tables, sm_scale = fp8[0], fp8[1], fp8[2], fp8[3:7], fp8[-1]
+        q = q.to(torch.bfloat16)
         bf16 = [q, (k_cache.float() * FP8_K_SCALE).to(q.dtype),
                 (v_cache.float() * FP8_V_SCALE).to(q.dtype), *tables, sm_scale]  # fmt: skip
         expected = reference_outputs(case, fp8)

@@ -26,7 +26,8 @@ namespace gqa_prefill {
 //     slab, spare ones included) and hands them to the consumers through a 2-slot item buffer,
 //     then loads Q with TMA; the K/V source's TileLoader (one thread issuing TMA boxes, or the
 //     warpgroup gathering paged rows) streams K/V tiles into a ring (2 stages shipped), each load
-//     completing on an mbarrier (full), each stage reused once the consumers release it (empty);
+//     completing on an mbarrier (full), each stage reused once the consumers release it (empty),
+//     for paged K/V, K one tile ahead of V as in FA3;
 //   consumers (warpgroups 1 and 2, 64 rows each): S = Q K^T (wgmma, A and B from shared
 //     memory), the online softmax in registers, O += P V (wgmma, A = P from registers),
 //     with S[n + 1] issued before P[n] V[n] so that the softmax of one tile runs while the
@@ -212,16 +213,35 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       }
       loader.start_item(w);
       const int num_kv_tiles = (w.t.kv_len + kBlockN - 1) / kBlockN;
-#pragma unroll 1
-      for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
-        const RingSlot ring(tile_count);
+      auto load_k = [&](int n, const RingSlot& ring) {
         loader.template start_tile<Tiles>(w, n);
         mbarrier_wait(k_empty + 8 * ring.stage, ring.parity ^ 1);
         loader.template load_k<Tiles>(sK + ring.stage * Tiles::kKvTileBytes,
                                       k_full + 8 * ring.stage, w);
+      };
+      auto load_v = [&](const RingSlot& ring) {
         mbarrier_wait(v_empty + 8 * ring.stage, ring.parity ^ 1);
         loader.template load_v<Tiles>(sV + ring.stage * Tiles::kKvTileBytes,
                                       v_full + 8 * ring.stage, kv_flags + 4 * ring.stage, w);
+      };
+      if constexpr (Loader::kKAhead) {
+        // FA3's order, K of tile n + 1 before V of tile n: K's stage is free once S[n - 1] is
+        // done, V's only once P V[n - 1] is, so K no longer queues behind V's wait and its
+        // loads get half a tile more time to land (TUNING.md, K ahead).
+        if (num_kv_tiles > 0) load_k(0, RingSlot(tile_count));
+#pragma unroll 1
+        for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
+          loader.keep_for_v();
+          if (n + 1 < num_kv_tiles) load_k(n + 1, RingSlot(tile_count + 1));
+          load_v(RingSlot(tile_count));
+        }
+      } else {
+#pragma unroll 1
+        for (int n = 0; n < num_kv_tiles; ++n, ++tile_count) {
+          const RingSlot ring(tile_count);
+          load_k(n, ring);
+          load_v(ring);
+        }
       }
       if (leader) item = next_item(hp, item);
     }

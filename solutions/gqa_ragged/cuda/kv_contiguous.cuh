@@ -11,7 +11,8 @@
 //                           per tile start_tile (before waiting for the ring stage), then
 //                           load_k / load_v into the stage, completing on its full barrier;
 //                           its constants tell the kernel how many producer threads load and
-//                           how a stage completes
+//                           how a stage completes; kKAhead: K of tile n + 1 loads before V of
+//                           tile n, keep_for_v() holding tile n's place for that V
 #pragma once
 
 #include "hopper_layout.cuh"
@@ -103,6 +104,7 @@ struct ContiguousKv {
     static constexpr int kVFullArrivals = 1;
     static constexpr bool kGenericProxyWrites = false;  // TMA writes in the async proxy
     static constexpr bool kZeroesVTail = false;         // no garbage rows to clear
+    static constexpr bool kKAhead = false;              // measured: no gain (TUNING.md, K ahead)
 
     template <typename Tiles>
     __host__ __device__ static constexpr int producer_registers() {

@@ -58,6 +58,7 @@ struct PageTmaLoader {
   static constexpr int kVFullArrivals = 1;
   static constexpr bool kGenericProxyWrites = false;
   static constexpr bool kZeroesVTail = true;
+  static constexpr bool kKAhead = true;  // K of tile n + 1 before V of tile n (kernel_hopper)
 
   template <typename Tiles>
   // 40 (the knob's 32 spilled 8 bytes once the producer split items into key shares).
@@ -69,6 +70,7 @@ struct PageTmaLoader {
   const PageTable& pages;
   int next_ids[2];  // page ids of the next tile to load, read a tile ahead
   int coords[2];    // the current tile's pages as TMA coordinates (-1: zeros)
+  int v_coords[2];  // ... of the tile whose V loads next (K runs a tile ahead)
   bool item_bad;    // the item so far met a page id out of range
 
   __device__ __forceinline__ PageTmaLoader(const HopperParams& hp, const PageTable& pages,
@@ -104,19 +106,24 @@ struct PageTmaLoader {
     }
     if ((n + 1) * Tiles::kBlockN < w.t.kv_len) fetch_ids(w, n + 1);
   }
+  // The current tile's pages are the next V's (before start_tile moves on to the next K).
+  __device__ __forceinline__ void keep_for_v() {
+    v_coords[0] = coords[0];
+    v_coords[1] = coords[1];
+  }
   template <typename Tiles>
   __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem& w) {
-    load<Tiles>(hp.k_map, dst, full, w);
+    load<Tiles>(hp.k_map, dst, full, w, coords);
   }
   template <typename Tiles>
   __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
                                          const WorkItem& w) {
     st_shared_u32(flags, item_bad);  // before the arrival, which releases it to the consumers
-    load<Tiles>(hp.v_map, dst, full, w);
+    load<Tiles>(hp.v_map, dst, full, w, v_coords);
   }
   template <typename Tiles>
   __device__ __forceinline__ void load(const CUtensorMap& map, uint32_t dst, uint32_t full,
-                                       const WorkItem& w) const {
+                                       const WorkItem& w, const int (&coords)[2]) const {
     mbarrier_arrive_expect_tx(full, Tiles::kKvTileBytes);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -164,6 +171,7 @@ struct PageGatherLoader {
   static constexpr bool kGenericProxyWrites = true;
   static constexpr bool kZeroesVTail = false;
   static constexpr int kRowsPerPass = kThreads / 8;  // 8 threads a row (a 128-byte half)
+  static constexpr bool kKAhead = true;  // K of tile n + 1 before V of tile n (kernel_hopper)
 
   // All 128 threads work: 40 registers each (the most that the consumers' 232 leave).
   template <typename Tiles>
@@ -177,6 +185,8 @@ struct PageGatherLoader {
   int next_id;   // the page id of row held_row() of the next tile to load
   int id;        // ... of the current tile, 0 where the row is not read (past the keys, bad id)
   uint32_t read_bits;  // bit i: this thread's 8-lane group reads its row of pass i
+  int v_id;            // id and read_bits of the tile whose V loads next (K runs a tile ahead)
+  uint32_t v_read_bits;
   int key0;      // the current tile's first key
   bool item_bad;
 
@@ -214,15 +224,20 @@ struct PageGatherLoader {
     read_bits = __ballot_sync(0xffffffffu, read) >> (thread % 32 / 8 * 8);
     if (key0 + Tiles::kBlockN < w.t.kv_len) next_id = fetch_id(w, key0 + Tiles::kBlockN);
   }
+  // The current tile's rows are the next V's (before start_tile moves on to the next K).
+  __device__ __forceinline__ void keep_for_v() {
+    v_id = id;
+    v_read_bits = read_bits;
+  }
   template <typename Tiles>
   __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem& w) {
-    gather<Tiles>(hp.p.k, pages.k_page_stride, dst, w);
+    gather<Tiles>(hp.p.k, pages.k_page_stride, dst, w, id, read_bits);
     cp_async_mbarrier_arrive_noinc(full);
   }
   template <typename Tiles>
   __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
                                          const WorkItem& w) {
-    gather<Tiles>(hp.p.v, pages.v_page_stride, dst, w);
+    gather<Tiles>(hp.p.v, pages.v_page_stride, dst, w, v_id, v_read_bits);
     cp_async_mbarrier_arrive_noinc(full);
     const bool warp_bad = __any_sync(0xffffffffu, item_bad);
     if (thread % 32 == 0) {
@@ -233,7 +248,7 @@ struct PageGatherLoader {
 
   template <typename Tiles>
   __device__ __forceinline__ void gather(const void* cache, int64_t page_stride, uint32_t dst,
-                                         const WorkItem& w) const {
+                                         const WorkItem& w, int id, uint32_t read_bits) const {
     static_assert(Tiles::kBlockN / kRowsPerPass == 8, "8 passes: one id from each of 8 lanes");
     // The chunk's column in page 0 (page ids only add page * page stride to it).
     const char* column =

@@ -163,6 +163,7 @@ struct PageFp8Loader {
   static constexpr bool kGenericProxyWrites = false;  // each thread fences before it arrives
   static constexpr bool kZeroesVTail = false;         // converted as zeros
   static constexpr bool kUsesOutputBuffer = true;     // staging buffer 0: O goes out directly
+  static constexpr bool kKAhead = false;              // its staging converts K and V in turn
 
   // All 128 threads work: 40 registers each (the most that the consumers' 232 leave).
   template <typename Tiles>

@@ -93,17 +93,19 @@ VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
-def build_kv(page_size, dims, cache_dtype=None) -> SimpleNamespace:
+def build_kv(page_size, dims, cache_dtype=None, k_ahead=False) -> SimpleNamespace:
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
     dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
-    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8)."""
+    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8); k_ahead (page size
+    64, 16-bit caches; others ignore it): the producer loads K of tile k + 1 before V of tile k
+    (LoadTiles)."""
     if page_size is None:
         assert cache_dtype is None, "FP8 caches are paged"
         return ragged_kv(dims)
-    return paged_kv(dims, page_size, cache_dtype)
+    return paged_kv(dims, page_size, cache_dtype, k_ahead)
 
 
-def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
+def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"
@@ -225,8 +227,12 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
 
     def alloc_held_scratch():
         """Page size 64, warp-specialized: alloc_scratch's (pages, bad), then the producer
-        warp's held window of page ids (HoldWindow: this lane's id)."""
-        return (*alloc_scratch(), T.alloc_local([1], T.int32))
+        warp's held window of page ids (HoldWindow: this lane's id); with k_ahead, the page ids
+        of the tile whose V loads next."""
+        held = T.alloc_local([1], T.int32)
+        if k_ahead:
+            return (*alloc_scratch(), held, T.alloc_local([pages_per_tile], T.int32))
+        return (*alloc_scratch(), held)
 
     @T.macro
     def InitScratch(scratch):
@@ -470,6 +476,45 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         HoldWindow(kv, scratch[2], 0, tiles, kv_start, seq_kv)
 
     @T.macro
+    def TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles):
+        """Page size 64: scratch's pages = tile k's ids from the held window (the window's last
+        tile reads the next window), a bad one marking the item."""
+        pages, held = scratch[0], scratch[2]
+        for p in T.unroll(pages_per_tile):
+            pages[p] = T.shfl_sync(held[0], k % window_tiles * pages_per_tile + p)
+        if (k % window_tiles == window_tiles - 1) & (k + 1 < tiles):
+            HoldWindow(kv, held, (k + 1) // window_tiles, tiles, kv_start, seq_kv)
+        CheckPages(kv, scratch, k, seq_kv, item, True)
+
+    @T.macro
+    def LoadTiles(kv, ring, num_stages, g0, tiles, kv_start, seq_kv, kv_head, scratch, item):
+        """k_ahead (page size 64, 16-bit caches): the item's tiles as LoadTile loads them, but K
+        of tile k + 1 before V of tile k (FA3's order): K's slot frees once S[k - 1] is done,
+        V's only after P V[k - 1], so K no longer waits behind V (cuda/TUNING.md, K ahead).
+        scratch[3] keeps tile k's page ids for its V. tiles >= 1."""
+        K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
+        pages, v_pages = scratch[0], scratch[3]
+        TilePages(kv, scratch, 0, kv_start, seq_kv, item, tiles)
+        T.mbarrier_wait_parity(k_empty[g0 % num_stages], ((g0 // num_stages) & 1) ^ 1)
+        LoadPagedK(kv, K_shared, k_full, g0 % num_stages, kv_head, pages, True)
+        T.mbarrier_arrive(k_full[g0 % num_stages])
+        for k in T.serial(tiles):
+            for p in T.unroll(pages_per_tile):
+                v_pages[p] = pages[p]
+            if k + 1 < tiles:
+                g = g0 + k + 1
+                TilePages(kv, scratch, k + 1, kv_start, seq_kv, item, tiles)
+                T.mbarrier_wait_parity(k_empty[g % num_stages], ((g // num_stages) & 1) ^ 1)
+                LoadPagedK(kv, K_shared, k_full, g % num_stages, kv_head, pages, True)
+                T.mbarrier_arrive(k_full[g % num_stages])
+            stage = (g0 + k) % num_stages
+            T.mbarrier_wait_parity(v_empty[stage], (((g0 + k) // num_stages) & 1) ^ 1)
+            LoadPagedV(
+                kv, V_shared, v_full, stage, k, seq_kv, kv_head, v_pages, True, loader_threads
+            )
+            T.mbarrier_arrive(v_full[stage])
+
+    @T.macro
     def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles=None):
         """Producer (loader_warps warps): K and V of KV tile k, the g-th through the ring, each
         once the consumers have released its slot; the page ids are read before the wait.
@@ -483,12 +528,7 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
         if gather:
             HoldPageIds(kv, scratch, k, kv_start, seq_kv, item)
         else:
-            pages, held = scratch[0], scratch[2]
-            for p in T.unroll(pages_per_tile):
-                pages[p] = T.shfl_sync(held[0], k % window_tiles * pages_per_tile + p)
-            if (k % window_tiles == window_tiles - 1) & (k + 1 < tiles):
-                HoldWindow(kv, held, (k + 1) // window_tiles, tiles, kv_start, seq_kv)
-            CheckPages(kv, scratch, k, seq_kv, item, True)
+            TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles)
         T.mbarrier_wait_parity(k_empty[stage], phase)
         if gather:
             GatherHeldRows(kv[0], K_shared, stage, kv_head, scratch[0])
@@ -539,6 +579,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     )  # fmt: skip
     if not gather:
         source.StartItem = StartItem  # LoadTile then takes the item's tile count
+    if k_ahead and not gather and cache_dtype is None:
+        source.LoadTiles = LoadTiles
     if cache_dtype is None:
         return source
     # The FP8 policy (page size 64): its own arguments, scratch and producer loads, on these

@@ -152,6 +152,22 @@ struct PageTmaLoader {
   }
 };
 
+// The page-size-1 loaders' shared steps (PageGatherLoader, PageRowTmaLoader). The page id of
+// key `key` of the item's sequence, 0 past its keys (nothing is read there).
+__device__ __forceinline__ int row_page_id(const PageTable& pages, const WorkItem& w, int key) {
+  return key < w.t.seq_kv ? __ldg(pages.kv_indices + w.t.kv_start + key) : 0;
+}
+// After a V tile's loads: each warp's verdict on the item (an id out of range) into the stage's
+// flags, released to the consumers by one more arrival a warp on V's full barrier.
+__device__ __forceinline__ void publish_item_bad(bool item_bad, uint32_t flags, uint32_t full,
+                                                 int thread) {
+  const bool warp_bad = __any_sync(0xffffffffu, item_bad);
+  if (thread % 32 == 0) {
+    st_shared_u8(flags + thread / 32, warp_bad);
+    mbarrier_arrive(full);
+  }
+}
+
 // The Hopper producer's K/V tiles for page size 1: a gather. The producer warpgroup's 128
 // threads copy rows with cp.async (16 bytes each; a warp reads 4 rows x 128 bytes per
 // instruction) into the 128-byte swizzled layout TMA would write (16-byte chunk c of row r at
@@ -204,8 +220,7 @@ struct PageGatherLoader {
 
   __device__ __forceinline__ void prefetch_descriptors() const {}
   __device__ __forceinline__ int fetch_id(const WorkItem& w, int key0) const {
-    const int key = key0 + held_row();
-    return key < w.t.seq_kv ? __ldg(pages.kv_indices + w.t.kv_start + key) : 0;
+    return row_page_id(pages, w, key0 + held_row());
   }
   __device__ __forceinline__ void start_item(const WorkItem& w) {
     item_bad = false;
@@ -239,11 +254,7 @@ struct PageGatherLoader {
                                          const WorkItem& w) {
     gather<Tiles>(hp.p.v, pages.v_page_stride, dst, w, v_id, v_read_bits);
     cp_async_mbarrier_arrive_noinc(full);
-    const bool warp_bad = __any_sync(0xffffffffu, item_bad);
-    if (thread % 32 == 0) {
-      st_shared_u8(flags + thread / 32, warp_bad);
-      mbarrier_arrive(full);  // releases the flag to the consumers
-    }
+    publish_item_bad(item_bad, flags, full, thread);
   }
 
   template <typename Tiles>
@@ -327,8 +338,7 @@ struct PageRowTmaLoader {
     tma_prefetch_descriptor(hp.v_map);
   }
   __device__ __forceinline__ int fetch_id(const WorkItem& w, int key0) const {
-    const int key = key0 + thread;
-    return key < w.t.seq_kv ? __ldg(pages.kv_indices + w.t.kv_start + key) : 0;
+    return row_page_id(pages, w, key0 + thread);
   }
   __device__ __forceinline__ void start_item(const WorkItem& w) {
     item_bad = false;
@@ -353,11 +363,7 @@ struct PageRowTmaLoader {
   __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
                                          const WorkItem& w) {
     load<Tiles>(hp.v_map, dst, full, w, v_coord);
-    const bool warp_bad = __any_sync(0xffffffffu, item_bad);
-    if (thread % 32 == 0) {
-      st_shared_u8(flags + thread / 32, warp_bad);
-      mbarrier_arrive(full);  // releases the flag to the consumers
-    }
+    publish_item_bad(item_bad, flags, full, thread);
   }
   template <typename Tiles>
   __device__ __forceinline__ void load(const CUtensorMap& map, uint32_t dst, uint32_t full,

@@ -487,26 +487,33 @@ def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNam
         CheckPages(kv, scratch, k, seq_kv, item, True)
 
     @T.macro
+    def LoadTileK(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles):
+        """k_ahead: tile k's page ids into scratch's pages, then its K, the g-th through the
+        ring, once the consumers have released its slot."""
+        K_shared, k_full, k_empty = ring[0], ring[2], ring[3]
+        stage = g % num_stages
+        TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles)
+        T.mbarrier_wait_parity(k_empty[stage], ((g // num_stages) & 1) ^ 1)
+        LoadPagedK(kv, K_shared, k_full, stage, kv_head, scratch[0], True)
+        T.mbarrier_arrive(k_full[stage])
+
+    @T.macro
     def LoadTiles(kv, ring, num_stages, g0, tiles, kv_start, seq_kv, kv_head, scratch, item):
         """k_ahead (page size 64, 16-bit caches): the item's tiles as LoadTile loads them, but K
         of tile k + 1 before V of tile k (FA3's order): K's slot frees once S[k - 1] is done,
         V's only after P V[k - 1], so K no longer waits behind V (cuda/TUNING.md, K ahead).
         scratch[3] keeps tile k's page ids for its V. tiles >= 1."""
-        K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
+        V_shared, v_full, v_empty = ring[1], ring[4], ring[5]
         pages, v_pages = scratch[0], scratch[3]
-        TilePages(kv, scratch, 0, kv_start, seq_kv, item, tiles)
-        T.mbarrier_wait_parity(k_empty[g0 % num_stages], ((g0 // num_stages) & 1) ^ 1)
-        LoadPagedK(kv, K_shared, k_full, g0 % num_stages, kv_head, pages, True)
-        T.mbarrier_arrive(k_full[g0 % num_stages])
+        LoadTileK(kv, ring, num_stages, g0, 0, kv_start, seq_kv, kv_head, scratch, item, tiles)
         for k in T.serial(tiles):
             for p in T.unroll(pages_per_tile):
                 v_pages[p] = pages[p]
             if k + 1 < tiles:
-                g = g0 + k + 1
-                TilePages(kv, scratch, k + 1, kv_start, seq_kv, item, tiles)
-                T.mbarrier_wait_parity(k_empty[g % num_stages], ((g // num_stages) & 1) ^ 1)
-                LoadPagedK(kv, K_shared, k_full, g % num_stages, kv_head, pages, True)
-                T.mbarrier_arrive(k_full[g % num_stages])
+                LoadTileK(
+                    kv, ring, num_stages, g0 + k + 1, k + 1, kv_start, seq_kv, kv_head, scratch,
+                    item, tiles,
+                )  # fmt: skip
             stage = (g0 + k) % num_stages
             T.mbarrier_wait_parity(v_empty[stage], (((g0 + k) // num_stages) & 1) ^ 1)
             LoadPagedV(

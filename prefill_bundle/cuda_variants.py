@@ -42,19 +42,16 @@ SHIPPED_PAGED = SHIPPED_CAUSAL
 @dataclass(frozen=True)
 class BuildKnobs:
     """Every knob of a build: the kernel families causal (ragged, padded, sliding window), full
-    (padded non-causal) and paged (page sizes 64 and 1, FP8), the FP8 bf16 conversion and page
-    size 1's loader."""
+    (padded non-causal) and paged (page sizes 64 and 1, FP8), and the FP8 bf16 conversion."""
 
     causal: HopperKnobs = SHIPPED_CAUSAL
     full: HopperKnobs = SHIPPED_FULL
     paged: HopperKnobs = SHIPPED_PAGED
     fp8_bf16_bits: bool = True  # integer ops and a bf16x2 multiply, else the hardware cvt
-    ps1_row_tma: bool = False  # page size 1 by a TMA box per half row, else a cp.async gather
 
     def cpp(self) -> str:
         families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))
-        flags = ", ".join(str(v).lower() for v in (self.fp8_bf16_bits, self.ps1_row_tma))
-        return f"BuildKnobs<{families}, {flags}>"
+        return f"BuildKnobs<{families}, {str(self.fp8_bf16_bits).lower()}>"
 
     def as_built(self) -> dict:
         """What built_knobs() returns for a build of these knobs."""

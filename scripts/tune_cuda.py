@@ -78,8 +78,6 @@ VARIANTS = {
     "paged_3_stages": BuildKnobs(
         paged=replace(SHIPPED_PAGED, kv_stages=3, own_output_buffer=False)
     ),
-    # Page size 1 by TMA, a box per half row, instead of the cp.async gather (TUNING.md).
-    "ps1_row_tma": BuildKnobs(ps1_row_tma=True),
     # Non-causal with 128-key tiles, one CTA per item, then persistent (TUNING.md: 0.85, 0.81).
     "full_block_n_128": BuildKnobs(
         full=replace(SHIPPED_FULL, block_n=128, producer_registers=32, consumer_registers=232)

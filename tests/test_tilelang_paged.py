@@ -142,24 +142,6 @@ def check_page_id_window(source: str):
     assert loop < shuffle < last_tile < next_window < source.index("k_empty[(g & 1)].wait(", loop)
 
 
-def test_k_ahead_loads_the_next_k_before_this_v():
-    """The k_ahead knob (off in block_config; tilelang/TUNING.md): page size 64's producer loads
-    K of tile k + 1 before V of tile k, V from the page ids it kept for tile k, and spills
-    nothing."""
-    kernels = tilelang_kernels()
-    config = {**kernels.block_config("bfloat16", True), "k_ahead": True}
-    kernel, ptxas = compile_fresh(kernels, "bfloat16", True, page_size=64, **config)
-    source = kernel.get_kernel_source()
-    loop = source.index("for (int k = 0; k < tiles; ++k) {")
-    keep = source.index("v_pages[p_3] = pages[p_3];", loop)
-    next_k = source.index("tl::tma_load(K_cache_desc", loop)
-    this_v = source.index("tl::tma_load(V_cache_desc", loop)
-    assert source.index("tl::tma_load(K_cache_desc") < loop  # tile 0's K before the loop
-    assert keep < source.index("if ((k + 1) < tiles) {", loop) < next_k < this_v
-    assert "v_pages[p_7]);" in source[this_v : this_v + 400]
-    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
-
-
 @pytest.mark.parametrize("dtype,page_size", COMPILED_PAGED_VARIANTS)
 def test_paged_compiles_without_register_spills(dtype, page_size):
     """Producer 24 registers beside 240 for the consumers (page size 1: 56 and 224, its four

@@ -324,10 +324,6 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     if constexpr (kPageSize == 64) {
       hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8);
       hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
-    } else if constexpr (Knobs::kPs1RowTma) {
-      // (dim, kv head, page) in boxes of one half row: PageRowTmaLoader.
-      hp.k_map = tensor_map(params.k, bf16, kNumKvHeads, num_pages, pages.k_page_stride, 1, 1);
-      hp.v_map = tensor_map(params.v, bf16, kNumKvHeads, num_pages, pages.v_page_stride, 1, 1);
     }
     launch.pages = pages;
     const int shares =

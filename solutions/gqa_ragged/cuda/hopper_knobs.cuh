@@ -79,24 +79,20 @@ using ShippedKnobs =
                 shipped_knobs(kFamily).consumer_registers, shipped_knobs(kFamily).fold_scale,
                 shipped_knobs(kFamily).own_output_buffer, shipped_knobs(kFamily).persistent>;
 
-// Every knob of a build: the three families' HopperKnobs; kFp8Bf16Bits, the FP8 caches'
+// Every knob of a build: the three families' HopperKnobs, and kFp8Bf16Bits, the FP8 caches'
 // bf16 conversion (kv_paged_fp8.cuh; both FP8 kernels): true with integer ops and a bf16x2
-// multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2; and
-// kPs1RowTma, page size 1's K/V rows (kv_paged.cuh): false gathered with cp.async
-// (PageGatherLoader), true one TMA box per half row (PageRowTmaLoader).
-template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
-          bool kPs1RowTma_ = false>
+// multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2.
+template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_>
 struct BuildKnobs {
   using CausalTiles = Causal;
   using FullTiles = Full;
   using PagedTiles = Paged;
   static constexpr bool kFp8Bf16Bits = kFp8Bf16Bits_;
-  static constexpr bool kPs1RowTma = kPs1RowTma_;
 };
 
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true, false>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

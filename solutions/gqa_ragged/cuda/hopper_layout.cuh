@@ -33,7 +33,7 @@ struct HopperParams {
 };
 
 // The paged kernels' parameters: the Hopper ones, k_map / v_map 4-D views of the caches (page
-// size 64; page size 1: unused, or 3-D views with the ps1_row_tma knob), and the page table.
+// size 64; unused for page size 1), and the page table.
 struct PagedHopperParams {
   HopperParams hp;
   PageTable pages;

@@ -152,22 +152,6 @@ struct PageTmaLoader {
   }
 };
 
-// The page-size-1 loaders' shared steps (PageGatherLoader, PageRowTmaLoader). The page id of
-// key `key` of the item's sequence, 0 past its keys (nothing is read there).
-__device__ __forceinline__ int row_page_id(const PageTable& pages, const WorkItem& w, int key) {
-  return key < w.t.seq_kv ? __ldg(pages.kv_indices + w.t.kv_start + key) : 0;
-}
-// After a V tile's loads: each warp's verdict on the item (an id out of range) into the stage's
-// flags, released to the consumers by one more arrival a warp on V's full barrier.
-__device__ __forceinline__ void publish_item_bad(bool item_bad, uint32_t flags, uint32_t full,
-                                                 int thread) {
-  const bool warp_bad = __any_sync(0xffffffffu, item_bad);
-  if (thread % 32 == 0) {
-    st_shared_u8(flags + thread / 32, warp_bad);
-    mbarrier_arrive(full);
-  }
-}
-
 // The Hopper producer's K/V tiles for page size 1: a gather. The producer warpgroup's 128
 // threads copy rows with cp.async (16 bytes each; a warp reads 4 rows x 128 bytes per
 // instruction) into the 128-byte swizzled layout TMA would write (16-byte chunk c of row r at
@@ -220,7 +204,8 @@ struct PageGatherLoader {
 
   __device__ __forceinline__ void prefetch_descriptors() const {}
   __device__ __forceinline__ int fetch_id(const WorkItem& w, int key0) const {
-    return row_page_id(pages, w, key0 + held_row());
+    const int key = key0 + held_row();
+    return key < w.t.seq_kv ? __ldg(pages.kv_indices + w.t.kv_start + key) : 0;
   }
   __device__ __forceinline__ void start_item(const WorkItem& w) {
     item_bad = false;
@@ -254,7 +239,11 @@ struct PageGatherLoader {
                                          const WorkItem& w) {
     gather<Tiles>(hp.p.v, pages.v_page_stride, dst, w, v_id, v_read_bits);
     cp_async_mbarrier_arrive_noinc(full);
-    publish_item_bad(item_bad, flags, full, thread);
+    const bool warp_bad = __any_sync(0xffffffffu, item_bad);
+    if (thread % 32 == 0) {
+      st_shared_u8(flags + thread / 32, warp_bad);
+      mbarrier_arrive(full);  // releases the flag to the consumers
+    }
   }
 
   template <typename Tiles>
@@ -295,84 +284,6 @@ struct PageGatherLoader {
         cp_async_16(chunk_dst + half * Tiles::kKvHalfBytes + i * kRowsPerPass * 128,
                     src + half * 128, bytes);
       }
-    }
-  }
-};
-
-// Page size 1 by TMA, one box per half row (knob Knobs::kPs1RowTma, off by default; TUNING.md,
-// "What page size 1 waits on"): the gather's 16-byte cp.async requests keep too few bytes in
-// flight; TMA's boxes go through its own engine. Thread t loads row t of each tile: two boxes
-// (64 columns) from the 3-D map (dim, kv head, page) of the cache, each 128 bytes into row t's
-// line of its half. TMA swizzles by the absolute shared address (bits 4-6 ^ bits 7-9), so a
-// one-row box lands in the 128-byte swizzled layout of the whole tile as a tile-sized box
-// would. A row past the sequence or with an id out of range loads from page -1: zeros, no
-// read. Each thread arrives with its own row's bytes before its boxes go out, so the barrier's
-// tx-count never counts bytes it was not told of.
-struct PageRowTmaLoader {
-  static constexpr int kThreads = 128;
-  static constexpr int kKFullArrivals = kThreads;      // each with its row's 256 bytes
-  static constexpr int kVFullArrivals = kThreads + 4;  // + each warp's flag store
-  static constexpr bool kGenericProxyWrites = false;  // TMA writes in the async proxy
-  static constexpr bool kZeroesVTail = false;          // rows past the keys load as zeros
-  static constexpr bool kKAhead = true;
-
-  template <typename Tiles>
-  __host__ __device__ static constexpr int producer_registers() {
-    return 40;
-  }
-
-  const HopperParams& hp;
-  const PageTable& pages;
-  int thread;    // 0 .. 127: the row of each tile it loads
-  int next_id;   // the page id of this thread's row of the next tile to load
-  int coord;     // ... of the current tile as a TMA coordinate (-1: zeros)
-  int v_coord;   // ... of the tile whose V loads next (K runs a tile ahead)
-  bool item_bad;
-
-  __device__ __forceinline__ PageRowTmaLoader(const HopperParams& hp, const PageTable& pages,
-                                              int thread)
-      : hp(hp), pages(pages), thread(thread) {}
-
-  __device__ __forceinline__ void prefetch_descriptors() const {
-    tma_prefetch_descriptor(hp.k_map);
-    tma_prefetch_descriptor(hp.v_map);
-  }
-  __device__ __forceinline__ int fetch_id(const WorkItem& w, int key0) const {
-    return row_page_id(pages, w, key0 + thread);
-  }
-  __device__ __forceinline__ void start_item(const WorkItem& w) {
-    item_bad = false;
-    next_id = w.t.kv_len > 0 ? fetch_id(w, 0) : 0;
-  }
-  template <typename Tiles>
-  __device__ __forceinline__ void start_tile(const WorkItem& w, int n) {
-    static_assert(Tiles::kBlockN == kThreads, "a thread a row");
-    const int key0 = n * Tiles::kBlockN;
-    const bool listed = key0 + thread < w.t.seq_kv;
-    const bool read = listed && page_in_range(next_id, pages);
-    item_bad |= listed && !read;
-    coord = read ? next_id : -1;
-    if (key0 + Tiles::kBlockN < w.t.kv_len) next_id = fetch_id(w, key0 + Tiles::kBlockN);
-  }
-  __device__ __forceinline__ void keep_for_v() { v_coord = coord; }
-  template <typename Tiles>
-  __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem& w) {
-    load<Tiles>(hp.k_map, dst, full, w, coord);
-  }
-  template <typename Tiles>
-  __device__ __forceinline__ void load_v(uint32_t dst, uint32_t full, uint32_t flags,
-                                         const WorkItem& w) {
-    load<Tiles>(hp.v_map, dst, full, w, v_coord);
-    publish_item_bad(item_bad, flags, full, thread);
-  }
-  template <typename Tiles>
-  __device__ __forceinline__ void load(const CUtensorMap& map, uint32_t dst, uint32_t full,
-                                       const WorkItem& w, int page) const {
-    mbarrier_arrive_expect_tx(full, Tiles::kKvTileBytes / Tiles::kBlockN);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      tma_load_3d(dst + half * Tiles::kKvHalfBytes + thread * 128, map, full, half * 64,
-                  w.kv_head, page);
     }
   }
 };
@@ -453,9 +364,7 @@ struct PagedKv {
   };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using TileLoader = std::conditional_t<
-      kPageSize == 64, PageTmaLoader,
-      std::conditional_t<Knobs::kPs1RowTma, PageRowTmaLoader, PageGatherLoader>>;
+  using TileLoader = std::conditional_t<kPageSize == 64, PageTmaLoader, PageGatherLoader>;
 #endif
 };
 

@@ -265,8 +265,7 @@ tvm::ffi::String built_knobs() {
   return "{\"causal\": " + knobs_json<Knobs::CausalTiles>() +
          ", \"full\": " + knobs_json<Knobs::FullTiles>() +
          ", \"paged\": " + knobs_json<Knobs::PagedTiles>() +
-         ", \"fp8_bf16_bits\": " + (Knobs::kFp8Bf16Bits ? "true" : "false") +
-         ", \"ps1_row_tma\": " + (Knobs::kPs1RowTma ? "true" : "false") + "}";
+         ", \"fp8_bf16_bits\": " + (Knobs::kFp8Bf16Bits ? "true" : "false") + "}";
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);

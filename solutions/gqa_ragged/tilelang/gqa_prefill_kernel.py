@@ -106,7 +106,6 @@ def gqa_prefill(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
-    k_ahead: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -151,12 +150,9 @@ def gqa_prefill(
     asynchronous wgmma (softmax of tile k while P V of tile k - 1 runs); pingpong adds FA3's
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
-
-    k_ahead (a knob under trial, off in block_config; tilelang/TUNING.md): page size 64's
-    producer loads K of tile k + 1 before V of tile k; the other programs ignore it.
     """
     steps = build_steps(
-        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack, k_ahead
+        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:

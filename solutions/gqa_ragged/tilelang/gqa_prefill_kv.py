@@ -93,19 +93,17 @@ VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
-def build_kv(page_size, dims, cache_dtype=None, k_ahead=False) -> SimpleNamespace:
+def build_kv(page_size, dims, cache_dtype=None) -> SimpleNamespace:
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
     dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
-    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8); k_ahead (page size
-    64, 16-bit caches; others ignore it): the producer loads K of tile k + 1 before V of tile k
-    (LoadTiles)."""
+    the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8)."""
     if page_size is None:
         assert cache_dtype is None, "FP8 caches are paged"
         return ragged_kv(dims)
-    return paged_kv(dims, page_size, cache_dtype, k_ahead)
+    return paged_kv(dims, page_size, cache_dtype)
 
 
-def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNamespace:
+def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"
@@ -227,12 +225,8 @@ def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNam
 
     def alloc_held_scratch():
         """Page size 64, warp-specialized: alloc_scratch's (pages, bad), then the producer
-        warp's held window of page ids (HoldWindow: this lane's id); with k_ahead, the page ids
-        of the tile whose V loads next."""
-        held = T.alloc_local([1], T.int32)
-        if k_ahead:
-            return (*alloc_scratch(), held, T.alloc_local([pages_per_tile], T.int32))
-        return (*alloc_scratch(), held)
+        warp's held window of page ids (HoldWindow: this lane's id)."""
+        return (*alloc_scratch(), T.alloc_local([1], T.int32))
 
     @T.macro
     def InitScratch(scratch):
@@ -476,52 +470,6 @@ def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNam
         HoldWindow(kv, scratch[2], 0, tiles, kv_start, seq_kv)
 
     @T.macro
-    def TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles):
-        """Page size 64: scratch's pages = tile k's ids from the held window (the window's last
-        tile reads the next window), a bad one marking the item."""
-        pages, held = scratch[0], scratch[2]
-        for p in T.unroll(pages_per_tile):
-            pages[p] = T.shfl_sync(held[0], k % window_tiles * pages_per_tile + p)
-        if (k % window_tiles == window_tiles - 1) & (k + 1 < tiles):
-            HoldWindow(kv, held, (k + 1) // window_tiles, tiles, kv_start, seq_kv)
-        CheckPages(kv, scratch, k, seq_kv, item, True)
-
-    @T.macro
-    def LoadTileK(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles):
-        """k_ahead: tile k's page ids into scratch's pages, then its K, the g-th through the
-        ring, once the consumers have released its slot."""
-        K_shared, k_full, k_empty = ring[0], ring[2], ring[3]
-        stage = g % num_stages
-        TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles)
-        T.mbarrier_wait_parity(k_empty[stage], ((g // num_stages) & 1) ^ 1)
-        LoadPagedK(kv, K_shared, k_full, stage, kv_head, scratch[0], True)
-        T.mbarrier_arrive(k_full[stage])
-
-    @T.macro
-    def LoadTiles(kv, ring, num_stages, g0, tiles, kv_start, seq_kv, kv_head, scratch, item):
-        """k_ahead (page size 64, 16-bit caches): the item's tiles as LoadTile loads them, but K
-        of tile k + 1 before V of tile k (FA3's order): K's slot frees once S[k - 1] is done,
-        V's only after P V[k - 1], so K no longer waits behind V (cuda/TUNING.md, K ahead).
-        scratch[3] keeps tile k's page ids for its V. tiles >= 1."""
-        V_shared, v_full, v_empty = ring[1], ring[4], ring[5]
-        pages, v_pages = scratch[0], scratch[3]
-        LoadTileK(kv, ring, num_stages, g0, 0, kv_start, seq_kv, kv_head, scratch, item, tiles)
-        for k in T.serial(tiles):
-            for p in T.unroll(pages_per_tile):
-                v_pages[p] = pages[p]
-            if k + 1 < tiles:
-                LoadTileK(
-                    kv, ring, num_stages, g0 + k + 1, k + 1, kv_start, seq_kv, kv_head, scratch,
-                    item, tiles,
-                )  # fmt: skip
-            stage = (g0 + k) % num_stages
-            T.mbarrier_wait_parity(v_empty[stage], (((g0 + k) // num_stages) & 1) ^ 1)
-            LoadPagedV(
-                kv, V_shared, v_full, stage, k, seq_kv, kv_head, v_pages, True, loader_threads
-            )
-            T.mbarrier_arrive(v_full[stage])
-
-    @T.macro
     def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles=None):
         """Producer (loader_warps warps): K and V of KV tile k, the g-th through the ring, each
         once the consumers have released its slot; the page ids are read before the wait.
@@ -535,7 +483,12 @@ def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNam
         if gather:
             HoldPageIds(kv, scratch, k, kv_start, seq_kv, item)
         else:
-            TilePages(kv, scratch, k, kv_start, seq_kv, item, tiles)
+            pages, held = scratch[0], scratch[2]
+            for p in T.unroll(pages_per_tile):
+                pages[p] = T.shfl_sync(held[0], k % window_tiles * pages_per_tile + p)
+            if (k % window_tiles == window_tiles - 1) & (k + 1 < tiles):
+                HoldWindow(kv, held, (k + 1) // window_tiles, tiles, kv_start, seq_kv)
+            CheckPages(kv, scratch, k, seq_kv, item, True)
         T.mbarrier_wait_parity(k_empty[stage], phase)
         if gather:
             GatherHeldRows(kv[0], K_shared, stage, kv_head, scratch[0])
@@ -586,8 +539,6 @@ def paged_kv(dims, page_size: int, cache_dtype=None, k_ahead=False) -> SimpleNam
     )  # fmt: skip
     if not gather:
         source.StartItem = StartItem  # LoadTile then takes the item's tile count
-    if k_ahead and not gather and cache_dtype is None:
-        source.LoadTiles = LoadTiles
     if cache_dtype is None:
         return source
     # The FP8 policy (page size 64): its own arguments, scratch and producer loads, on these

@@ -65,7 +65,6 @@ def build_steps(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
-    k_ahead: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -83,9 +82,6 @@ def build_steps(
 
     cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
     scaling the output in the epilogue.
-
-    k_ahead (page size 64, 16-bit caches, ws; ignored elsewhere): the producer loads K of tile
-    k + 1 before V of tile k (gqa_prefill_kv's LoadTiles).
 
     split (causal, paged): split-KV. Output and LSE are fp32 workspaces of shares * total_q
     rows (the symbolic out_rows; share s writes rows s * total_q ...), each share's normalised
@@ -122,7 +118,7 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    kv_source = build_kv(page_size, dims, cache_dtype, k_ahead)
+    kv_source = build_kv(page_size, dims, cache_dtype)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 

@@ -121,8 +121,6 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     # A K/V source that reads ahead (page size 64: the first window of page ids; FP8: staged
     # tiles) starts each item.
     StartItem = getattr(kv_source, "StartItem", None)
-    # A K/V source with an order of its own for an item's K and V loads (k_ahead).
-    LoadTiles = getattr(kv_source, "LoadTiles", None)
     LoadQ, FetchItem, ReceiveItem = item_steps(
         steps, consumer_threads, loader_warps, persistent, num_items, grid
     )  # fmt: skip
@@ -190,23 +188,18 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         else:
             if tx < consumer_threads + 32:
                 LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)
-        bufs = (K_shared, V_shared, k_full, k_empty, v_full, v_empty)
-        if LoadTiles is not None:  # k_ahead: K of tile k + 1 before V of tile k
-            LoadTiles(kv, bufs, num_stages, ring[0], loop_range, kv_start, seq_kv, kv_head,
-                      scratch, items_done[0])  # fmt: skip
-        else:
-            for k in T.serial(loop_range):
-                g = ring[0] + k
-                if StartItem is None:
-                    kv_source.LoadTile(
-                        kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch,
-                        items_done[0],
-                    )  # fmt: skip
-                else:  # it stages tiles ahead: it takes the item's tile count
-                    kv_source.LoadTile(
-                        kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch,
-                        items_done[0], loop_range,
-                    )  # fmt: skip
+        for k in T.serial(loop_range):
+            g = ring[0] + k
+            bufs = (K_shared, V_shared, k_full, k_empty, v_full, v_empty)
+            if StartItem is None:
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, items_done[0]
+                )  # fmt: skip
+            else:  # it stages tiles ahead: it takes the item's tile count
+                kv_source.LoadTile(
+                    kv, bufs, num_stages, g, k, kv_start, seq_kv, kv_head, scratch,
+                    items_done[0], loop_range,
+                )  # fmt: skip
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 

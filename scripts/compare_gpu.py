@@ -19,7 +19,7 @@ import triton.testing
 from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
 
-from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED
+from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, SWA
 from prefill_bundle.gpu_timing import clocks
 from prefill_bundle.testing import (
     PaddedCase,
@@ -32,7 +32,13 @@ from prefill_bundle.testing import (
     normwise_error,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES, RAGGED_BATCHES
+from prefill_bundle.workloads import (
+    FP8_K_SCALE,
+    FP8_V_SCALE,
+    PAGED_BATCHES,
+    RAGGED_BATCHES,
+    SWA_BATCHES,
+)
 
 PADDED = [
     PaddedCase(8, 2048, 2048, True),
@@ -46,6 +52,10 @@ PADDED = [
 CASES = {
     MINI: ("flashinfer_mini", PADDED),
     RAGGED: ("flashinfer_ragged", [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]),
+    SWA: (
+        "flashinfer_swa",
+        [RaggedCase(b.q_lens, b.kv_lens, window_left=b.window_left) for b in SWA_BATCHES],
+    ),
 }
 for _name, _page_size in PAGE_SIZES.items():
     CASES[_name] = (

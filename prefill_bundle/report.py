@@ -16,6 +16,8 @@ from .packing import BASELINE_AUTHOR, SOLUTIONS
 from .workloads import PAGED_DEFINITIONS
 
 FLASHINFER_BACKEND = "flashinfer"
+# Issue 19's kernel-time table, written on the GPU by scripts/long_shapes.py (not from traces).
+KERNEL_TIME_MD = REPO_ROOT / "kernel_time.md"
 
 
 def visible_pairs(seq_q: int, seq_kv: int, causal: bool, window_left: int = -1) -> int:
@@ -222,6 +224,8 @@ def render(trace_set: TraceSet) -> str:
         ]
         lines += ["| geometric mean ratio | " + " | ".join(geo) + " |", ""]
     lines += apply_choices(trace_set)
+    if KERNEL_TIME_MD.exists():
+        lines += [KERNEL_TIME_MD.read_text()]
     if RESOURCES_MD.exists():  # what the CUDA kernels cost in registers and shared memory
         lines += [RESOURCES_MD.read_text()]
     lines += ["## How these numbers were produced", ""]

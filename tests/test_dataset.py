@@ -175,6 +175,24 @@ def test_report_is_generated_from_the_committed_traces():
     assert (REPO_ROOT / "report.md").read_text() == render(load()), "run: python scripts/report.py"
 
 
+def test_long_shapes_table_counts_masked_flops_and_ratios():
+    """scripts/long_shapes.py's table (issue 19) from given medians and ratios: TF/s over the
+    visible pairs (causal: s (s + 1) / 2 a head), the ratios as given."""
+    long_shapes = load_script("long_shapes")
+    assert long_shapes.flops(1, 4, False) == 4.0 * 32 * 128 * 16
+    assert long_shapes.flops(2, 4, True) == 4.0 * 32 * 128 * 2 * 10
+    times = {name: 2.0 for name in long_shapes.SOLUTIONS}
+    times["cuda_mini"] = 1.0
+    work = 8e12  # 8 TFLOP: 4000 TF/s at 2 ms, 8000 at 1 ms
+    ratios = {name: 2.0 / ms for name, ms in times.items()}
+    text = long_shapes.markdown([("1x16384 non-causal", work, times, ratios)], "s", "e", "H100")
+    row = next(line for line in text.splitlines() if line.startswith("| 1x16384"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
+    assert cells[long_shapes.SOLUTIONS.index("flashinfer_mini")] == "2000 µs · 4000 TF/s"
+    assert cells[long_shapes.SOLUTIONS.index("cuda_mini")] == "1000 µs · 8000 TF/s · **2.00×**"
+    assert cells[long_shapes.SOLUTIONS.index("triton_mini")] == "2000 µs · 4000 TF/s · **1.00×**"
+
+
 def test_every_python_built_solution_passes_flashinfer_bench_build():
     """flashinfer-bench's builder refuses an entry whose parameter count is not the definition's
     (inputs, plus outputs in destination-passing style) and the bench then records

@@ -16,6 +16,7 @@ from .packing import BASELINE_AUTHOR, SOLUTIONS
 from .workloads import PAGED_DEFINITIONS
 
 FLASHINFER_BACKEND = "flashinfer"
+FLOPS_PER_PAIR = 4.0 * NUM_HEADS * HEAD_DIM  # Q K^T and P V, a multiply-add each
 # Issue 19's kernel-time table, written on the GPU by scripts/long_shapes.py (not from traces).
 KERNEL_TIME_MD = REPO_ROOT / "kernel_time.md"
 
@@ -64,7 +65,7 @@ def workload_flops(workload, page_size: int = 0) -> float:
         kv_lens = kv_lens.tolist()
         window = int(inputs["window_left"].value) if "window_left" in inputs else -1
         pairs = sum(visible_pairs(q, kv, True, window) for q, kv in zip(q_lens, kv_lens))
-    return 4.0 * NUM_HEADS * HEAD_DIM * pairs
+    return FLOPS_PER_PAIR * pairs
 
 
 def _cell(latency_ms, flops, ratio):

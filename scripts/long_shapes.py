@@ -18,9 +18,8 @@ from importlib.metadata import version
 
 import torch
 
-from prefill_bundle import HEAD_DIM, NUM_HEADS
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
-from prefill_bundle.report import visible_pairs
+from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
 from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, poisoned_outputs
 
 # Issue 19's shapes: (batch, length, causal).
@@ -33,7 +32,7 @@ PACKAGES = ("torch", "triton", "flashinfer-python", "flashinfer-bench", "tilelan
 
 
 def flops(batch: int, length: int, causal: bool) -> float:
-    return 4.0 * NUM_HEADS * HEAD_DIM * batch * visible_pairs(length, length, causal)
+    return FLOPS_PER_PAIR * batch * visible_pairs(length, length, causal)
 
 
 def measure() -> tuple:

@@ -18,13 +18,11 @@ kernel meets the 0.9 bar there; the gap between the ratio and its bound is the k
 
 import argparse
 
-from prefill_bundle import HEAD_DIM, NUM_HEADS
 from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
-from prefill_bundle.report import tiled_pairs, visible_pairs
+from prefill_bundle.report import FLOPS_PER_PAIR, tiled_pairs, visible_pairs
 from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
 from prefill_bundle.workloads import SWA_BATCHES
 
-FLOPS_PER_PAIR = 4 * NUM_HEADS * HEAD_DIM  # Q K^T and P V, a multiply-add each
 BAR_VS_FLASHINFER = {"cuda": 1.0, "tilelang": 1.0, "triton": 0.8}
 # (query tokens, keys) per tile: CUDA and TileLang 128 rows = 32 tokens x a KV group's 4 heads,
 # 128 keys; Triton's paired row blocks 2 x 32 tokens, 64 keys (its plan for all but the 2K chunk,

@@ -30,6 +30,7 @@ TRITON_SOURCES = (
     "ragged_batch.py",
     "paged_kv.py",
     "split_kv.py",
+    "gluon_attention.py",
 )
 TILELANG_SOURCES = (
     "tilelang_prefill.py",

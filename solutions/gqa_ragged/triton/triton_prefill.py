@@ -46,6 +46,11 @@ from .arguments import (
 from .attention_kernel import gqa_prefill_fwd
 from .split_kv import merge_kv_splits
 
+try:  # Gluon ships with triton >= 3.5 (the pinned 3.6 has it); older ones run the FA-2 kernel
+    from . import gluon_attention
+except ImportError:
+    gluon_attention = None
+
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 GROUP_SIZE = NUM_HEADS // NUM_KV_HEADS
 LOG2_E = 1.0 / math.log(2.0)
@@ -226,6 +231,9 @@ def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     batch, seq_q, seq_kv = check_padded_shapes(q, k, v, out)
     check_layout(PADDED_NAMES, (q, k, v, out), INTERPRET)
     causal = check_causal(causal)
+    gluon_plan = None if config else _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv)
+    if gluon_plan is not None:
+        return gluon_plan
     meta = dict(
         config
         or _launch_config(
@@ -316,6 +324,33 @@ def _strides(q, k, v) -> dict:
                 V_TOKEN_STRIDE=token_stride(v))  # fmt: skip
 
 
+class GluonPlan(tuple):
+    """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
+    pingpong, runners)."""
+
+
+# The Gluon kernel runs the padded batch on sm_90 from this many keys a sequence (below, the
+# FA-2 kernel's shorter tiles and smaller host cost win: TUNING.md, "Gluon"); the warpgroups take
+# turns issuing (pingpong) on the non-causal mask, where that measured faster.
+GLUON_MIN_KEYS = 2048
+
+
+def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
+    """The Gluon plan if the call suits it (sm_90, TMA-readable layouts, int32 output offsets,
+    long enough sequences), else None."""
+    if gluon_attention is None or INTERPRET or q.device.type != "cuda" or min(batch, seq_q) < 1:
+        return None
+    if seq_kv < GLUON_MIN_KEYS or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return None
+    if not all(map(gluon_attention.tma_readable, (q, k, v))):
+        return None
+    if batch > 1 and q.stride(0) != seq_q * q.stride(1):
+        return None
+    if batch * seq_q * out.stride(1) >= 2**31:
+        return None
+    return GluonPlan((seq_q, seq_kv, causal, not causal, {}))
+
+
 def run_padded(q, k, v, causal, out):
     causal = check_causal(causal)
     try:
@@ -334,6 +369,13 @@ def run_padded(q, k, v, causal, out):
 
 
 def launch_padded(plan, q, k, v, out):
+    if isinstance(plan, GluonPlan):
+        seq_q, seq_kv, causal, pingpong, runners = plan
+        grid, args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE,
+                                                 causal, pingpong)  # fmt: skip
+        _cached_launch(gluon_attention.gluon_padded_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
+                       runners, q.get_device(), args)  # fmt: skip
+        return
     grid, meta, batch, seq_q, seq_kv, runners = plan
     if grid[0] == 0:
         return  # no query row

@@ -1,0 +1,65 @@
+"""Compile the Triton solutions' Gluon kernel (solutions/gqa_ragged/triton/gluon_attention.py)
+for sm_90a without a GPU and print its SASS (tests/test_triton_gluon.py reads it; also how to
+look at what ptxas made of a change).
+
+    python scripts/gluon_sass.py fp16|bf16 > kernel.sass
+
+Run with TRITON_INTERPRET unset: in the interpreter, triton's own jit functions (gl.max,
+gl.cdiv, ...) are interpreted ones that a compiled Gluon kernel cannot call.
+"""
+
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+SOURCE = Path(__file__).resolve().parents[1] / "solutions/gqa_ragged/triton/gluon_attention.py"
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def load_kernel_module():
+    spec = importlib.util.spec_from_file_location("gluon_attention", SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_sm90a(dtype: str):
+    """The compiled kernel for q / k / v / out of dtype ("fp16" or "bf16")."""
+    ga = load_kernel_module()
+    element = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([ga.BLOCK_M // 2, ga.HEAD_DIM], element)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([1, ga.BLOCK_N, ga.HEAD_DIM], element)
+    kv_block = f"{dtype}[1, {ga.BLOCK_N}, {ga.HEAD_DIM}]"
+    signature = {
+        "q_desc": f"tensordesc<{dtype}[{ga.BLOCK_M // 2}, {ga.HEAD_DIM}],{q_layout!r}>",
+        "k_desc": f"tensordesc<{kv_block},{kv_layout!r}>",
+        "v_desc": f"tensordesc<{kv_block},{kv_layout!r}>",
+        "out_ptr": f"*{dtype}", "seq_q": "i32", "seq_kv": "i32", "out_row_stride": "i32",
+        "qk_scale": "fp32", "causal": "i32", "pingpong": "i32",
+    }  # fmt: skip
+    constexprs = dict(NUM_HEADS=ga.NUM_HEADS, NUM_KV_HEADS=ga.NUM_KV_HEADS, BLOCK_M=ga.BLOCK_M,
+                      BLOCK_N=ga.BLOCK_N, HEAD_DIM=ga.HEAD_DIM, STAGES=ga.STAGES,
+                      CONSUMER_REGISTERS=ga.CONSUMER_REGISTERS,
+                      PRODUCER_REGISTERS=ga.PRODUCER_REGISTERS)  # fmt: skip
+    signature.update({name: "constexpr" for name in constexprs})
+    source = GluonASTSource(ga.gluon_padded_fwd, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def sass(compiled) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        return subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], check=True,
+                              capture_output=True, text=True).stdout  # fmt: skip
+
+
+if __name__ == "__main__":
+    print(sass(compile_sm90a(sys.argv[1] if len(sys.argv) > 1 else "fp16")))

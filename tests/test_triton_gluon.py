@@ -1,0 +1,117 @@
+"""The Triton solutions' Gluon kernel for Hopper (solutions/gqa_ragged/triton/gluon_attention.py),
+compiled for sm_90a without a GPU: what it must be to run at its measured speed. Its results
+are checked on the GPU by the shared test matrix (run_padded takes it on sm_90)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from prefill_bundle import REPO_ROOT
+from prefill_bundle.testing import (
+    PaddedCase,
+    build_solution,
+    check_outputs,
+    entry_module,
+    fused_qkv_inputs,
+    make_inputs,
+    poisoned_outputs,
+    reference_outputs,
+    run_runnable,
+)
+
+pytest.importorskip("triton.experimental.gluon")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _sass(dtype: str) -> str:
+    """scripts/gluon_sass.py's output, in a process without the interpreter (tests/conftest.py
+    turns it on without a GPU; compiled Gluon cannot call interpreted triton functions)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = REPO_ROOT / "scripts" / "gluon_sass.py"
+    return subprocess.run([sys.executable, str(script), dtype], env=env, check=True,
+                          capture_output=True, text=True, timeout=600).stdout  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype):
+    """Every K/V loop (unmasked and masked, two consumer warpgroups: 4 loops) waits for S
+    (DEPBAR <= 1), runs its softmax's 64 exponentials, and only then waits for P V (DEPBAR
+    <= 0): the order _order_after pins (without it ptxas hoists the second wait above the
+    exponentials, and the kernel loses ~15%). Tensor-core products on asynchronous wgmma
+    (HGMMA), the register split by setmaxnreg."""
+    sass = _sass(dtype)
+    assert sass.count("HGMMA.64x128x16.F32") == 96  # 2 warpgroups x (8 + 2 x 16 + 8)
+    assert "USETMAXREG" in sass and "UTMALDG" in sass
+    events = []
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            events.append("wait_s")
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            events.append("wait_all")
+        elif "MUFU.EX2" in line:
+            events.append("exp")
+    loops = re.findall(r"wait_s((?: exp)*) wait_all", " ".join(events))
+    assert len(loops) == 4, events
+    assert all(body.count("exp") >= 64 for body in loops), [b.count("exp") for b in loops]
+
+
+# ---- On the GPU: run_padded's Gluon path against the fp32 reference ----------------------------
+
+# Short sequences for the edges: the tests lower GLUON_MIN_KEYS so the Gluon path takes them.
+GLUON_CASES = [
+    PaddedCase(1, 128, 128, True),
+    PaddedCase(1, 1024, 1024, True),
+    PaddedCase(2, 1000, 1500, True),  # tails of both; rows see the cached prefix
+    PaddedCase(2, 1500, 1100, True),  # more queries than keys: rows that see no key give 0
+    PaddedCase(1, 1, 1030, True),
+    PaddedCase(3, 777, 1153, False),  # tiles past a sequence's end in the middle of the batch
+    PaddedCase(1, 300, 2048, False),
+    PaddedCase(1, 4096, 4096, False),  # the pingpong turns over many tiles
+]
+
+
+@pytest.fixture
+def gluon_solution(monkeypatch):
+    """triton_mini with the Gluon path taken from 1 key on (fresh plans: none cached earlier
+    for the FA-2 kernel)."""
+    runnable = build_solution("triton_mini")
+    module = entry_module(runnable)
+    monkeypatch.setattr(module, "GLUON_MIN_KEYS", 1)
+    monkeypatch.setattr(module, "_padded_plans", module.PlanCache())
+    return runnable, module
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["contiguous", "fused_qkv"])
+@pytest.mark.parametrize("case", GLUON_CASES, ids=lambda c: c.id)
+def test_gluon_path_matches_the_reference(gluon_solution, case, fused):
+    runnable, module = gluon_solution
+    inputs = make_inputs(case, "cuda", seed=7)
+    if fused:
+        inputs = fused_qkv_inputs(inputs)
+    out = poisoned_outputs(case, inputs)[0]
+    assert isinstance(module._plan_padded(*inputs, out), module.GluonPlan)
+    actual = run_runnable(runnable, case, inputs)
+    check_outputs(actual, reference_outputs(case, inputs), names=("out",))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_solution):
+    """K/V are read per sequence: the last tile of sequence 0 (1100 keys: 76 past its end) gets
+    zeros there, not sequence 1's keys, whose NaN would reach P V through 0 x NaN."""
+    case = PaddedCase(2, 1100, 1100, False)
+    runnable, module = gluon_solution
+    q, k, v, causal = make_inputs(case, "cuda", seed=3)
+    v[1, :200] = float("nan")
+    k[1, :200] = float("nan")
+    out = run_runnable(runnable, case, [q, k, v, causal])[0]
+    assert isinstance(module._plan_padded(q, k, v, causal, out), module.GluonPlan)
+    expected = reference_outputs(PaddedCase(1, 1100, 1100, False), [q[:1], k[:1], v[:1], causal])
+    check_outputs([out[:1]], expected, names=("out",))
+    assert out[1].isnan().all()  # sequence 1 itself sees its NaN

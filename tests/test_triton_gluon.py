@@ -41,7 +41,7 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype)
     """Every K/V loop (unmasked and masked, two consumer warpgroups: 4 loops) waits for S
     (DEPBAR <= 1), runs its softmax's 64 exponentials, and only then waits for P V (DEPBAR
     <= 0): the order _order_after pins (without it ptxas hoists the second wait above the
-    exponentials, and the kernel loses ~15%). Tensor-core products on asynchronous wgmma
+    exponentials: the softmax no longer overlaps P V). Tensor-core products on asynchronous wgmma
     (HGMMA), the register split by setmaxnreg."""
     sass = _sass(dtype)
     assert sass.count("HGMMA.64x128x16.F32") == 96  # 2 warpgroups x (8 + 2 x 16 + 8)
@@ -70,7 +70,7 @@ GLUON_CASES = [
     PaddedCase(1, 1, 1030, True),
     PaddedCase(3, 777, 1153, False),  # tiles past a sequence's end in the middle of the batch
     PaddedCase(1, 300, 2048, False),
-    PaddedCase(1, 4096, 4096, False),  # the pingpong turns over many tiles
+    PaddedCase(1, 4096, 4096, False),  # 32 tiles through the ring
 ]
 
 

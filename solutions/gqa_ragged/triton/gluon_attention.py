@@ -9,8 +9,8 @@ tiles of 128 keys by TMA through a 2-stage ring (mbarriers full / empty), and tw
 partitions of one warpgroup each own 64 of the rows: S[i + 1] = Q K^T is issued before
 O += P[i] V[i], and the online softmax of S[i + 1] runs while P[i] V[i] is on the tensor cores.
 Each consumer releases a ring slot on its own (the empty barriers count both), so the
-warpgroups never wait on each other, unless PINGPONG makes them take turns issuing their
-products (FA3's warp scheduler barrier: one's softmax then overlaps the other's products).
+warpgroups never wait on each other (FA3's turns between them, its warp scheduler barrier,
+measured slower here: TUNING.md).
 Causal masking is bottom-right aligned; key tiles every row of a warpgroup sees whole run
 without a mask, only the diagonal's and the last partial tile pay for one. CTAs start with the
 last row blocks (the longest rows when causal). Rows that see no key give 0.
@@ -33,30 +33,61 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 # Worker partitions take no constexpr arguments: the tile sizes they need are the module's.
 HALF_M = gl.constexpr(BLOCK_M // 2)  # rows a consumer warpgroup owns
 KV_BLOCK = gl.constexpr(BLOCK_N)
+Q_HEADS = gl.constexpr(NUM_HEADS)
+KV_HEADS = gl.constexpr(NUM_KV_HEADS)
 DIM = gl.constexpr(HEAD_DIM)
 RING = gl.constexpr(STAGES)
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full,
-              v_empty, q_row, q_col, batch, kv_col, num_tiles):
-    """Q's two halves once, then K and V of each key tile into the ring. K / V are described
-    per sequence ([batch, seq_kv, columns]): a tile's keys past the sequence's end arrive as
-    zeros, not as the next sequence's (a NaN there would reach P V through 0 x NaN)."""
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, q_col], q_bar, q_smem.index(1))
-    for i in range(num_tiles):
-        stage = i % RING
-        phase = (i // RING) & 1
-        mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, i * KV_BLOCK, kv_col],
-                                        k_full.index(stage), k_smem.index(stage))
-        mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        mbarrier.expect(v_full.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [batch, i * KV_BLOCK, kv_col],
-                                        v_full.index(stage), v_smem.index(stage))
+def _item(item, num_m_blocks, batch_heads, seq_q, seq_kv, causal):
+    """Work item `item`: (batch, head, first query row, key tiles). Items run the last row
+    block first (the longest rows when causal), all sequences and heads of a row block
+    together."""
+    m_block = num_m_blocks - 1 - item // batch_heads
+    batch = (item % batch_heads) // Q_HEADS
+    head = item % Q_HEADS
+    m0 = m_block * (2 * HALF_M)
+    num_tiles = (seq_kv + KV_BLOCK - 1) // KV_BLOCK
+    if causal != 0:  # bottom-right: the block's last row sees keys up to m0 + 127 + shift
+        last_key = m0 + 2 * HALF_M - 1 + seq_kv - seq_q
+        num_tiles = gl.maximum(gl.minimum(num_tiles, (last_key + KV_BLOCK) // KV_BLOCK), 0)
+    return batch, head, m0, num_tiles
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty,
+              v_full, v_empty, seq_q, seq_kv, causal, num_m_blocks, batch_heads):
+    """For each of the CTA's items: Q's two halves (once both consumers are done with the last
+    item's), then K and V of each key tile into the ring, whose slots and phases run on across
+    items. K / V are described per sequence ([batch, seq_kv, columns]): a tile's keys past the
+    sequence's end arrive as zeros, not as the next sequence's (a NaN there would reach P V
+    through 0 x NaN)."""
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_m_blocks * batch_heads, gl.num_programs(0)):
+        batch, head, m0, num_tiles = _item(item, num_m_blocks, batch_heads, seq_q, seq_kv,
+                                           causal)
+        q_row = batch * seq_q + m0
+        mbarrier.wait(q_empty, (count & 1) ^ 1)
+        mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
+                                        q_smem.index(1))
+        kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
+        for i in range(num_tiles):
+            stage = (tile + i) % RING
+            phase = ((tile + i) // RING) & 1
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [batch, i * KV_BLOCK, kv_col],
+                                            k_full.index(stage), k_smem.index(stage))
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            mbarrier.expect(v_full.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [batch, i * KV_BLOCK, kv_col],
+                                            v_full.index(stage), v_smem.index(stage))
+        tile += num_tiles
+        count += 1
 
 
 @gluon.jit
@@ -100,12 +131,11 @@ def _softmax_step(scores, m_i, l_i, i, seq_kv, qk_scale, cols, last_key, causal,
 
 
 @gluon.jit
-def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, acc, p, alpha,
-              m_i, l_i, begin, end, seq_kv, qk_scale, cols, last_key, causal, wg, pingpong,
+def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, acc, p, alpha, m_i,
+              l_i, base, begin, end, seq_kv, qk_scale, cols, last_key, causal,
               MASKED: gl.constexpr):
-    """Key tiles begin + 1 .. end: S[i + 1] issued before P[i] V[i], S waited for alone, its
-    softmax while P[i] V[i] runs. pingpong: the warpgroups take turns issuing (turns[wg]
-    waited, the other's arrived)."""
+    """Key tiles begin + 1 .. end of the item whose tile 0 is the ring's tile `base`: S[i + 1]
+    issued before P[i] V[i], S waited for alone, its softmax while P[i] V[i] runs."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -113,20 +143,16 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, a
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     for i in range(begin, end):
-        stage = i % RING
-        next_stage = (i + 1) % RING
-        mbarrier.wait(k_full.index(next_stage), ((i + 1) // RING) & 1)
-        if pingpong != 0:
-            mbarrier.wait(turns.index(wg), ((i + 1) & 1) ^ (wg ^ 1))
+        stage = (base + i) % RING
+        next_stage = (base + i + 1) % RING
+        mbarrier.wait(k_full.index(next_stage), ((base + i + 1) // RING) & 1)
         scores = hopper.warpgroup_mma(q_half, _tile(k_smem, next_stage).permute((1, 0)),
                                       gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
                                       use_acc=False, is_async=True)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p16 = gl.convert_layout(p.to(q_half.dtype), p_layout)
-        mbarrier.wait(v_full.index(stage), (i // RING) & 1)
+        mbarrier.wait(v_full.index(stage), ((base + i) // RING) & 1)
         acc = hopper.warpgroup_mma(p16, _tile(v_smem, stage), acc, is_async=True)
-        if pingpong != 0:
-            mbarrier.arrive(turns.index(wg ^ 1))
         scores = hopper.warpgroup_mma_wait(num_outstanding=1, deps=[scores])
         mbarrier.arrive(k_empty.index(next_stage))
         p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, i + 1, seq_kv, qk_scale, cols,
@@ -138,12 +164,12 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, a
 
 
 @gluon.jit
-def _consumer(q_half, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns, out_ptr,
-              out_row0, out_col, seq_q, seq_kv, num_tiles, qk_scale, out_row_stride, m0, shift,
-              causal, wg, pingpong):
-    """One consumer warpgroup: query rows m0 .. m0 + HALF_M of its sequence (out_row0: the
-    first one's row in out). Tile 0 and the tiles from the first one a row of it does not see
-    whole run masked, those before without."""
+def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, out_ptr,
+              seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks, batch_heads, wg):
+    """One consumer warpgroup: for each of the CTA's items, query rows wg x 64 .. wg x 64 + 63
+    of its row block. Tile 0 and the tiles from the first one a row of it does not see whole
+    run masked, those before without. Q is released (q_empty) after the item's last S, before
+    the last P V and the output's stores, so the producer loads the next item's meanwhile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -151,124 +177,124 @@ def _consumer(q_half, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, t
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.full([HALF_M], -float("inf"), gl.float32, row_s)
-    l_i = gl.zeros([HALF_M], gl.float32, row_s)
-    acc = gl.zeros([HALF_M, DIM], gl.float32, o_layout)
     cols = gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(0, s_layout))
-    last_key = m0 + gl.arange(0, HALF_M, layout=row_s) + shift  # causal: a row's last key
-    whole_tiles = seq_kv // KV_BLOCK
-    if causal != 0:
-        whole_tiles = gl.minimum(whole_tiles, gl.maximum(m0 + shift + 1, 0) // KV_BLOCK)
-    mbarrier.wait(q_bar, 0)
-    if num_tiles > 0:
-        mbarrier.wait(k_full.index(0), 0)
-        if pingpong != 0:
-            mbarrier.wait(turns.index(wg), wg ^ 1)
-        scores = hopper.warpgroup_mma(q_half, _tile(k_smem, 0).permute((1, 0)),
-                                      gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
-                                      use_acc=False, is_async=True)
-        if pingpong != 0:
-            mbarrier.arrive(turns.index(wg ^ 1))
-        scores = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[scores])
-        mbarrier.arrive(k_empty.index(0))
-        p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols, last_key,
-                                           causal, True)
-        split = gl.maximum(whole_tiles - 1, 0)
-        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                            v_empty, turns, acc, p, alpha, m_i, l_i, 0, split,
-                                            seq_kv, qk_scale, cols, last_key, causal, wg,
-                                            pingpong, False)
-        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                            v_empty, turns, acc, p, alpha, m_i, l_i, split,
-                                            num_tiles - 1, seq_kv, qk_scale, cols, last_key,
-                                            causal, wg, pingpong, True)
-        last = num_tiles - 1
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p16 = gl.convert_layout(p.to(q_half.dtype), p_layout)
-        mbarrier.wait(v_full.index(last % RING), (last // RING) & 1)
-        acc = hopper.warpgroup_mma(p16, _tile(v_smem, last % RING), acc, is_async=True)
-        acc = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(v_empty.index(last % RING))
-    l_o = gl.convert_layout(l_i, row_o)
-    # A row without keys: 0 (a NaN among its keys stays NaN: l_o is NaN, not 0).
-    acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
     rows = gl.arange(0, HALF_M, layout=row_o)
     dims = gl.arange(0, DIM, layout=gl.SliceLayout(0, o_layout))
-    offsets = (out_row0 + rows)[:, None] * out_row_stride + out_col + dims[None, :]
-    gl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty),
-             mask=(m0 + rows < seq_q)[:, None])
+    shift = seq_kv - seq_q  # bottom-right: query row r sees keys up to r + shift
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_m_blocks * batch_heads, gl.num_programs(0)):
+        batch, head, m0, num_tiles = _item(item, num_m_blocks, batch_heads, seq_q, seq_kv,
+                                           causal)
+        m0 += wg * HALF_M
+        m_i = gl.full([HALF_M], -float("inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF_M], gl.float32, row_s)
+        acc = gl.zeros([HALF_M, DIM], gl.float32, o_layout)
+        last_key = m0 + gl.arange(0, HALF_M, layout=row_s) + shift  # causal: a row's last key
+        whole_tiles = seq_kv // KV_BLOCK
+        if causal != 0:
+            whole_tiles = gl.minimum(whole_tiles, gl.maximum(m0 + shift + 1, 0) // KV_BLOCK)
+        mbarrier.wait(q_full, count & 1)
+        if num_tiles > 0:
+            stage = tile % RING
+            mbarrier.wait(k_full.index(stage), (tile // RING) & 1)
+            scores = hopper.warpgroup_mma(q_half, _tile(k_smem, stage).permute((1, 0)),
+                                          gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
+                                          use_acc=False, is_async=True)
+            scores = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[scores])
+            mbarrier.arrive(k_empty.index(stage))
+            p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols,
+                                               last_key, causal, True)
+            split = gl.maximum(whole_tiles - 1, 0)
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, acc, p, alpha, m_i, l_i, tile, 0, split,
+                                                seq_kv, qk_scale, cols, last_key, causal, False)
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, acc, p, alpha, m_i, l_i, tile, split,
+                                                num_tiles - 1, seq_kv, qk_scale, cols, last_key,
+                                                causal, True)
+            mbarrier.arrive(q_empty)  # the item's last S is done: Q is free
+            last = (tile + num_tiles - 1) % RING
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p16 = gl.convert_layout(p.to(q_half.dtype), p_layout)
+            mbarrier.wait(v_full.index(last), ((tile + num_tiles - 1) // RING) & 1)
+            acc = hopper.warpgroup_mma(p16, _tile(v_smem, last), acc, is_async=True)
+            acc = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            mbarrier.arrive(v_empty.index(last))
+        else:
+            mbarrier.arrive(q_empty)
+        # A row without keys: 0 (a NaN among its keys stays NaN: l_o is NaN, not 0).
+        l_o = gl.convert_layout(l_i, row_o)
+        acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
+        offsets = ((batch * seq_q + m0 + rows)[:, None] * out_row_stride + head * DIM
+                   + dims[None, :])  # fmt: skip
+        gl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty),
+                 mask=(m0 + rows < seq_q)[:, None])
+        tile += num_tiles
+        count += 1
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns,
-                out_ptr, out_row0, out_col, seq_q, seq_kv, num_tiles, qk_scale, out_row_stride,
-                m0, shift, causal, pingpong):
-    _consumer(q_smem.index(0), k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns,
-              out_ptr, out_row0, out_col, seq_q, seq_kv, num_tiles, qk_scale, out_row_stride,
-              m0, shift, causal, 0, pingpong)
+def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
+                batch_heads):
+    _consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+              v_empty, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
+              batch_heads, 0)
 
 
 @gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns,
-                out_ptr, out_row0, out_col, seq_q, seq_kv, num_tiles, qk_scale, out_row_stride,
-                m0, shift, causal, pingpong):
-    _consumer(q_smem.index(1), k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns,
-              out_ptr, out_row0 + HALF_M, out_col, seq_q, seq_kv, num_tiles, qk_scale,
-              out_row_stride, m0 + HALF_M, shift, causal, 1, pingpong)
+def _consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
+                batch_heads):
+    _consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+              v_empty, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
+              batch_heads, 1)
 
 
 @gluon.jit
 def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_stride, qk_scale,
-                     causal, pingpong, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+                     causal, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                      PRODUCER_REGISTERS: gl.constexpr):
-    """Grid (row blocks, batch x heads), num_warps=4: the default partition is consumer 0;
-    consumer 1 and the producer warp are worker partitions. q_desc views q as [tokens, heads x
-    HEAD_DIM] (sequence b's token t at row b x seq_q + t), k_desc / v_desc view k / v as
-    [batch, seq_kv, heads x HEAD_DIM]."""
+    """Persistent: grid (CTAs,), at most one an SM; CTA c runs items c, c + CTAs, ... (_item).
+    num_warps=4: the default partition is consumer 0; consumer 1 and the producer warp are
+    worker partitions. q_desc views q as [tokens, heads x HEAD_DIM] (sequence b's token t at
+    row b x seq_q + t), k_desc / v_desc view k / v as [batch, seq_kv, heads x HEAD_DIM]."""
     gl.static_assert(BLOCK_M == 2 * HALF_M)
     gl.static_assert(BLOCK_N == KV_BLOCK)
-    m_block = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the longest rows first
-    batch_head = gl.program_id(1)
-    batch = batch_head // NUM_HEADS
-    head = batch_head % NUM_HEADS
-    kv_head = head // (NUM_HEADS // NUM_KV_HEADS)
-    m0 = m_block * BLOCK_M
-    q_row = batch * seq_q + m0
-    shift = seq_kv - seq_q  # bottom-right: query row r sees keys up to r + shift
-    num_tiles = gl.cdiv(seq_kv, BLOCK_N)
-    if causal != 0:
-        num_tiles = gl.maximum(gl.minimum(num_tiles, gl.cdiv(m0 + BLOCK_M + shift, BLOCK_N)), 0)
+    gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
+    num_m_blocks = (seq_q + BLOCK_M - 1) // BLOCK_M
+    batch_heads = k_desc.shape[0] * NUM_HEADS
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(turns.index(0), count=1)
-    mbarrier.init(turns.index(1), count=1)
+    mbarrier.init(q_full, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # one arrive a consumer warpgroup
+        mbarrier.init(k_empty.index(s), count=2)
         mbarrier.init(v_full.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=2)
-    consumer_args = (q_smem, k_smem, v_smem, q_bar, k_full, k_empty, v_full, v_empty, turns,
-                     out_ptr, q_row, head * HEAD_DIM, seq_q, seq_kv, num_tiles, qk_scale,
-                     out_row_stride, m0, shift, causal, pingpong)
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
+                     batch_heads)
     gl.warp_specialize(
         [
             (_consumer_0, consumer_args),
             (_consumer_1, consumer_args),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, k_empty,
-                         v_full, v_empty, q_row, head * HEAD_DIM, batch, kv_head * HEAD_DIM,
-                         num_tiles)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
+                         k_empty, v_full, v_empty, seq_q, seq_kv, causal, num_m_blocks,
+                         batch_heads)),
         ],
         [4, 1],
         [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
@@ -310,7 +336,7 @@ def _descriptor(base, shape, strides, block_shape, layout) -> TensorDescriptor:
     return descriptor
 
 
-def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong):
+def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms):
     """(grid, run-time arguments) of gluon_padded_fwd for q [batch, seq_q, 32, 128] and k / v
     [batch, seq_kv, 8, 128] (tma_readable; q's batch step seq_q token steps) into out [batch,
     seq_q, 32, 128] (out.stride(0) == seq_q x out.stride(1)). Q is described as [batch x seq_q,
@@ -325,6 +351,7 @@ def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong):
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
     v_desc = _descriptor(v, [batch, seq_kv, columns], [v.stride(0), v.stride(1), 1],
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
-    grid = ((seq_q + BLOCK_M - 1) // BLOCK_M, batch * NUM_HEADS)
+    items = (seq_q + BLOCK_M - 1) // BLOCK_M * batch * NUM_HEADS
+    grid = (min(items, num_sms),)
     return grid, (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale,
-                  int(causal), int(pingpong))  # fmt: skip
+                  int(causal))  # fmt: skip

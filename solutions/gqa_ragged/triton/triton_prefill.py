@@ -326,13 +326,12 @@ def _strides(q, k, v) -> dict:
 
 class GluonPlan(tuple):
     """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
-    pingpong, runners)."""
+    SMs, runners)."""
 
 
 # The Gluon kernel runs the padded batch on sm_90 from this many keys a sequence (below, the
-# FA-2 kernel's shorter tiles and smaller host cost win: TUNING.md, "Gluon"); the warpgroups take
-# turns issuing (pingpong) on the non-causal mask, where that measured faster.
-GLUON_MIN_KEYS = 2048
+# FA-2 kernel's smaller host cost wins: TUNING.md, "Gluon").
+GLUON_MIN_KEYS = 512
 
 
 def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
@@ -348,7 +347,7 @@ def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
         return None
     if batch * seq_q * out.stride(1) >= 2**31:
         return None
-    return GluonPlan((seq_q, seq_kv, causal, not causal, {}))
+    return GluonPlan((seq_q, seq_kv, causal, _sm_count(q.device), {}))
 
 
 def run_padded(q, k, v, causal, out):
@@ -370,9 +369,9 @@ def run_padded(q, k, v, causal, out):
 
 def launch_padded(plan, q, k, v, out):
     if isinstance(plan, GluonPlan):
-        seq_q, seq_kv, causal, pingpong, runners = plan
+        seq_q, seq_kv, causal, num_sms, runners = plan
         grid, args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE,
-                                                 causal, pingpong)  # fmt: skip
+                                                 causal, num_sms)  # fmt: skip
         _cached_launch(gluon_attention.gluon_padded_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
                        runners, q.get_device(), args)  # fmt: skip
         return

@@ -61,7 +61,7 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype)
 
 # ---- On the GPU: run_padded's Gluon path against the fp32 reference ----------------------------
 
-# Short sequences for the edges: the tests lower GLUON_MIN_KEYS so the Gluon path takes them.
+# Short sequences for the edges: the tests lower GLUON_MIN_TOKENS so the Gluon path takes them.
 GLUON_CASES = [
     PaddedCase(1, 128, 128, True),
     PaddedCase(1, 1024, 1024, True),
@@ -76,11 +76,11 @@ GLUON_CASES = [
 
 @pytest.fixture
 def gluon_solution(monkeypatch):
-    """triton_mini with the Gluon path taken from 1 key on (fresh plans: none cached earlier
-    for the FA-2 kernel)."""
+    """triton_mini with the Gluon path taken from 1 query and key on (fresh plans: none cached
+    earlier for the FA-2 kernel)."""
     runnable = build_solution("triton_mini")
     module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_KEYS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
     monkeypatch.setattr(module, "_padded_plans", module.PlanCache())
     return runnable, module
 

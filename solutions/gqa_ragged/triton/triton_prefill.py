@@ -329,9 +329,10 @@ class GluonPlan(tuple):
     SMs, runners)."""
 
 
-# The Gluon kernel runs the padded batch on sm_90 from this many keys a sequence (below, the
-# FA-2 kernel's smaller host cost wins: TUNING.md, "Gluon").
-GLUON_MIN_KEYS = 512
+# The Gluon kernel runs the padded batch on sm_90 from this many queries and keys a sequence:
+# its launch costs ~13 us more host time than the FA-2 kernel's (three TMA descriptors encoded),
+# which flashinfer-bench counts; below, that outweighs its faster kernel (TUNING.md, "Gluon").
+GLUON_MIN_TOKENS = 1024
 
 
 def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
@@ -339,7 +340,9 @@ def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
     long enough sequences), else None."""
     if gluon_attention is None or INTERPRET or q.device.type != "cuda" or min(batch, seq_q) < 1:
         return None
-    if seq_kv < GLUON_MIN_KEYS or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if min(seq_q, seq_kv) < GLUON_MIN_TOKENS:
+        return None
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
         return None
     if not all(map(gluon_attention.tma_readable, (q, k, v))):
         return None

@@ -42,7 +42,7 @@ def compile_sm90a(dtype: str):
         "k_desc": f"tensordesc<{kv_block},{kv_layout!r}>",
         "v_desc": f"tensordesc<{kv_block},{kv_layout!r}>",
         "out_ptr": f"*{dtype}", "seq_q": "i32", "seq_kv": "i32", "out_row_stride": "i32",
-        "qk_scale": "fp32", "causal": "i32",
+        "qk_scale": "fp32", "causal": "i32", "pingpong": "i32",
     }  # fmt: skip
     constexprs = dict(NUM_HEADS=ga.NUM_HEADS, NUM_KV_HEADS=ga.NUM_KV_HEADS, BLOCK_M=ga.BLOCK_M,
                       BLOCK_N=ga.BLOCK_N, HEAD_DIM=ga.HEAD_DIM, STAGES=ga.STAGES,

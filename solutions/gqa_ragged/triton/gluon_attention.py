@@ -9,8 +9,10 @@ tiles of 128 keys by TMA through a 2-stage ring (mbarriers full / empty), and tw
 partitions of one warpgroup each own 64 of the rows: S[i + 1] = Q K^T is issued before
 O += P[i] V[i], and the online softmax of S[i + 1] runs while P[i] V[i] is on the tensor cores.
 Each consumer releases a ring slot on its own (the empty barriers count both), so the
-warpgroups never wait on each other (FA3's turns between them, its warp scheduler barrier,
-measured slower here: TUNING.md).
+warpgroups never wait on each other. FA3's turns between them (its warp scheduler barrier: one
+issues its products while the other runs its softmax) are here as the run-time flag `pingpong`,
+off: on, they measured 3-6% slower; but the kernel without their code measured 3-4% slower
+than with it switched off (ptxas schedules the loop's issue differently; TUNING.md).
 Causal masking is bottom-right aligned; key tiles every row of a warpgroup sees whole run
 without a mask, only the diagonal's and the last partial tile pay for one. CTAs start with the
 last row blocks (the longest rows when causal). Rows that see no key give 0.
@@ -131,11 +133,13 @@ def _softmax_step(scores, m_i, l_i, i, seq_kv, qk_scale, cols, last_key, causal,
 
 
 @gluon.jit
-def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, acc, p, alpha, m_i,
-              l_i, base, begin, end, seq_kv, qk_scale, cols, last_key, causal,
-              MASKED: gl.constexpr):
+def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, acc, p, alpha,
+              m_i, l_i, base, begin, end, seq_kv, qk_scale, cols, last_key, causal, wg,
+              pingpong, MASKED: gl.constexpr):
     """Key tiles begin + 1 .. end of the item whose tile 0 is the ring's tile `base`: S[i + 1]
-    issued before P[i] V[i], S waited for alone, its softmax while P[i] V[i] runs."""
+    issued before P[i] V[i], S waited for alone, its softmax while P[i] V[i] runs. pingpong:
+    the warpgroups take turns issuing, a turn a tile (turns[wg] waited, the other's
+    arrived)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -146,6 +150,8 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, acc, p, 
         stage = (base + i) % RING
         next_stage = (base + i + 1) % RING
         mbarrier.wait(k_full.index(next_stage), ((base + i + 1) // RING) & 1)
+        if pingpong != 0:
+            mbarrier.wait(turns.index(wg), ((base + i + 1) & 1) ^ (wg ^ 1))
         scores = hopper.warpgroup_mma(q_half, _tile(k_smem, next_stage).permute((1, 0)),
                                       gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
                                       use_acc=False, is_async=True)
@@ -153,6 +159,8 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, acc, p, 
         p16 = gl.convert_layout(p.to(q_half.dtype), p_layout)
         mbarrier.wait(v_full.index(stage), ((base + i) // RING) & 1)
         acc = hopper.warpgroup_mma(p16, _tile(v_smem, stage), acc, is_async=True)
+        if pingpong != 0:
+            mbarrier.arrive(turns.index(wg ^ 1))
         scores = hopper.warpgroup_mma_wait(num_outstanding=1, deps=[scores])
         mbarrier.arrive(k_empty.index(next_stage))
         p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, i + 1, seq_kv, qk_scale, cols,
@@ -164,8 +172,9 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, acc, p, 
 
 
 @gluon.jit
-def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, out_ptr,
-              seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks, batch_heads, wg):
+def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns,
+              out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong, num_m_blocks,
+              batch_heads, wg):
     """One consumer warpgroup: for each of the CTA's items, query rows wg x 64 .. wg x 64 + 63
     of its row block. Tile 0 and the tiles from the first one a row of it does not see whole
     run masked, those before without. Q is released (q_empty) after the item's last S, before
@@ -198,21 +207,26 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
         if num_tiles > 0:
             stage = tile % RING
             mbarrier.wait(k_full.index(stage), (tile // RING) & 1)
+            if pingpong != 0:
+                mbarrier.wait(turns.index(wg), (tile & 1) ^ (wg ^ 1))
             scores = hopper.warpgroup_mma(q_half, _tile(k_smem, stage).permute((1, 0)),
                                           gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
                                           use_acc=False, is_async=True)
+            if pingpong != 0:
+                mbarrier.arrive(turns.index(wg ^ 1))
             scores = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[scores])
             mbarrier.arrive(k_empty.index(stage))
             p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols,
                                                last_key, causal, True)
             split = gl.maximum(whole_tiles - 1, 0)
             acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                                v_empty, acc, p, alpha, m_i, l_i, tile, 0, split,
-                                                seq_kv, qk_scale, cols, last_key, causal, False)
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, tile, 0,
+                                                split, seq_kv, qk_scale, cols, last_key, causal,
+                                                wg, pingpong, False)
             acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                                v_empty, acc, p, alpha, m_i, l_i, tile, split,
-                                                num_tiles - 1, seq_kv, qk_scale, cols, last_key,
-                                                causal, True)
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, tile,
+                                                split, num_tiles - 1, seq_kv, qk_scale, cols,
+                                                last_key, causal, wg, pingpong, True)
             mbarrier.arrive(q_empty)  # the item's last S is done: Q is free
             last = (tile + num_tiles - 1) % RING
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -236,25 +250,25 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
 
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
-                batch_heads):
+                turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
+                num_m_blocks, batch_heads):
     _consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-              v_empty, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
-              batch_heads, 0)
+              v_empty, turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
+              num_m_blocks, batch_heads, 0)
 
 
 @gluon.jit
 def _consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
-                batch_heads):
+                turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
+                num_m_blocks, batch_heads):
     _consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-              v_empty, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
-              batch_heads, 1)
+              v_empty, turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
+              num_m_blocks, batch_heads, 1)
 
 
 @gluon.jit
 def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_stride, qk_scale,
-                     causal, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+                     causal, pingpong, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                      PRODUCER_REGISTERS: gl.constexpr):
@@ -280,14 +294,17 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_str
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     mbarrier.init(q_full, count=1)
     mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(turns.index(0), count=1)
+    mbarrier.init(turns.index(1), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=2)
         mbarrier.init(v_full.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=2)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, num_m_blocks,
-                     batch_heads)
+                     turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
+                     num_m_blocks, batch_heads)
     gl.warp_specialize(
         [
             (_consumer_0, consumer_args),
@@ -336,13 +353,13 @@ def _descriptor(base, shape, strides, block_shape, layout) -> TensorDescriptor:
     return descriptor
 
 
-def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms):
+def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms, pingpong=False):
     """(grid, run-time arguments) of gluon_padded_fwd for q [batch, seq_q, 32, 128] and k / v
     [batch, seq_kv, 8, 128] (tma_readable; q's batch step seq_q token steps) into out [batch,
     seq_q, 32, 128] (out.stride(0) == seq_q x out.stride(1)). Q is described as [batch x seq_q,
     columns] in 64-row halves (a row block may run into the next sequence: those rows are never
     stored), K / V per sequence ([batch, seq_kv, columns]) in tiles of BLOCK_N keys. qk_scale
-    holds log2(e)."""
+    holds log2(e); pingpong: the module docstring."""
     q_layout, kv_layout = _layouts(q.dtype)
     batch, columns = q.shape[0], NUM_KV_HEADS * HEAD_DIM
     q_desc = _descriptor(q, [batch * seq_q, NUM_HEADS * HEAD_DIM], [q.stride(1), 1],
@@ -354,4 +371,4 @@ def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms):
     items = (seq_q + BLOCK_M - 1) // BLOCK_M * batch * NUM_HEADS
     grid = (min(items, num_sms),)
     return grid, (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale,
-                  int(causal))  # fmt: skip
+                  int(causal), int(pingpong))  # fmt: skip

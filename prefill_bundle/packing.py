@@ -151,8 +151,11 @@ SOLUTIONS = [
         entry_point="triton_prefill.py::run_padded",
         sources=TRITON_SOURCES,
         shared_sources=("arguments.py",),
-        description="Triton FlashAttention-2 forward, the 4 query heads of a KV group packed "
-        "into one tile, causal tiles skipped or masked only on the diagonal.",
+        description="Triton. On sm_90, from 1024 queries and keys a sequence: a Gluon kernel with "
+        "FlashAttention-3's structure (TMA producer warp, two consumer warpgroups on asynchronous "
+        "wgmma, softmax overlapping P V, persistent). Elsewhere FlashAttention-2 forward, the 4 "
+        "query heads of a KV group packed into one tile, causal tiles skipped or masked only on "
+        "the diagonal.",
     ),
     SolutionSpec(
         name="triton_ragged",

@@ -6,6 +6,7 @@
 
 #include "hopper_knobs.cuh"
 #include "kernel_config.cuh"
+#include "ptx_sm90.cuh"
 #include "tile_schedule.cuh"
 
 namespace gqa_prefill {
@@ -92,6 +93,22 @@ struct RingSlot {
   __device__ __forceinline__ explicit RingSlot(uint32_t i)
       : stage(i % kStages), parity((i / kStages) & 1) {}
 };
+
+// Rows [first, end) of a K/V ring tile at `tile` (two 64-column halves of kBlockN rows x 128
+// bytes, 128-byte swizzled: a row stays within its 128 bytes) become zeros, written by the 256
+// consumer threads (`thread` 0 .. 255; the caller then syncs them), fenced for the wgmma's
+// async-proxy reads. False if there is no row to clear.
+template <typename Tiles>
+__device__ __forceinline__ bool zero_tile_rows(uint32_t tile, int first, int end, int thread) {
+  const int chunks = (end - first) * 8;  // 16-byte chunks per 64-column half
+  if (chunks == 0) return false;
+  for (int i = thread; i < 2 * chunks; i += 256) {
+    const int half = i >= chunks;
+    st_shared_zero16(tile + half * Tiles::kKvHalfBytes + first * 128 + (i - half * chunks) * 16);
+  }
+  fence_proxy_async();  // generic writes -> the wgmma's (async proxy) reads
+  return true;
+}
 
 // The producer's next item: static (stride gridDim.x) or drawn from the scheduler counter.
 // Past the end, the last CTA to get there zeroes the counter for the next launch.

@@ -386,7 +386,8 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();
       if constexpr (Kv::kMayPoison) poisoned = ld_shared_u32(kv_flags + 4 * last.stage) != 0;
       if constexpr (Loader::kZeroesVTail) {
-        // Keys of the sequence in this tile; the rest of their page may hold NaN.
+        // Keys of the sequence in this tile; the rows past them (the next sequence's keys, the
+        // rest of a page) may hold NaN or inf, which 0 x NaN would carry into O.
         const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
         if (rows < kBlockN &&
             Loader::template zero_v_tail<Tiles>(sV + last.stage * Tiles::kKvTileBytes, rows,

@@ -95,15 +95,16 @@ struct ContiguousKv {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // The Hopper producer's K/V tiles: one thread, two TMA boxes (64 columns x kBlockN rows) per
   // tile from hp.k_map / hp.v_map, completing on the stage's full barrier with their bytes.
-  // Rows past a sequence's end are the next sequence's (finite) or TMA's zeros past the
-  // tensor's end: their logits are masked, so they add 0 * finite to O.
+  // Rows past a sequence's end are the next sequence's, or TMA's zeros past the tensor's end:
+  // their logits are masked, but a NaN or inf there would still reach O through 0 x NaN, so
+  // the consumers zero those V rows before the item's last P V (zero_v_tail).
   struct TileLoader {
     static constexpr int kThreads = 1;  // producer threads that load K/V
     // Arrivals (besides TMA bytes) that complete a K / V stage's full barrier.
     static constexpr int kKFullArrivals = 1;
     static constexpr int kVFullArrivals = 1;
     static constexpr bool kGenericProxyWrites = false;  // TMA writes in the async proxy
-    static constexpr bool kZeroesVTail = false;         // no garbage rows to clear
+    static constexpr bool kZeroesVTail = true;          // the next sequence's rows
     static constexpr bool kKAhead = false;              // measured: no gain (TUNING.md, K ahead)
 
     template <typename Tiles>
@@ -120,6 +121,12 @@ struct ContiguousKv {
     __device__ __forceinline__ void prefetch_descriptors() const {
       tma_prefetch_descriptor(hp.k_map);
       tma_prefetch_descriptor(hp.v_map);
+    }
+    // Consumers, before the item's last P V, when that tile holds `rows` < kBlockN keys of the
+    // sequence: the V tile's rows past them become zeros (zero_tile_rows).
+    template <typename Tiles>
+    __device__ __forceinline__ static bool zero_v_tail(uint32_t v_tile, int rows, int thread) {
+      return zero_tile_rows<Tiles>(v_tile, rows, Tiles::kBlockN, thread);
     }
     __device__ __forceinline__ void start_item(const WorkItem&) {}
     // Tile n of item w is next.

@@ -141,14 +141,7 @@ struct PageTmaLoader {
   template <typename Tiles>
   __device__ __forceinline__ static bool zero_v_tail(uint32_t v_tile, int rows, int thread) {
     const int end = (rows + kPageSize - 1) / kPageSize * kPageSize;
-    const int chunks = (end - rows) * 8;  // 16-byte chunks per 64-column half
-    if (chunks == 0) return false;
-    for (int i = thread; i < 2 * chunks; i += 256) {
-      const int half = i >= chunks;
-      st_shared_zero16(v_tile + half * Tiles::kKvHalfBytes + rows * 128 + (i - half * chunks) * 16);
-    }
-    fence_proxy_async();  // generic writes -> the wgmma's (async proxy) reads
-    return true;
+    return zero_tile_rows<Tiles>(v_tile, rows, end, thread);
   }
 };
 

@@ -248,6 +248,8 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
         count += 1
 
 
+# One entry a consumer warpgroup: a partition's function takes no constexpr, and its warpgroup
+# index as a run-time argument would change the SASS measured above (TUNING.md).
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                 turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,

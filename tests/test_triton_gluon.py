@@ -115,3 +115,35 @@ def test_gluon_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_solution
     expected = reference_outputs(PaddedCase(1, 1100, 1100, False), [q[:1], k[:1], v[:1], causal])
     check_outputs([out[:1]], expected, names=("out",))
     assert out[1].isnan().all()  # sequence 1 itself sees its NaN
+
+
+def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):
+    """A triton without Gluon (or without an API the kernel uses) still runs every definition
+    on the FA-2 kernel: triton_prefill imports with gluon_attention None and run_padded gives
+    the reference's answer (on CPU under the interpreter here)."""
+    import importlib
+    import shutil
+    import sys
+
+    from prefill_bundle.packing import TRITON_SOURCES
+
+    package = tmp_path / "triton_without_gluon"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in TRITON_SOURCES:
+        shutil.copy(REPO_ROOT / "solutions" / "gqa_ragged" / "triton" / name, package / name)
+    shutil.copy(REPO_ROOT / "prefill_bundle" / "arguments.py", package / "arguments.py")
+    import triton.experimental
+
+    # `from triton.experimental import gluon` -> ImportError, even once gluon was imported here
+    monkeypatch.delattr(triton.experimental, "gluon", raising=False)
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = importlib.import_module("triton_without_gluon.triton_prefill")
+    assert entry.gluon_attention is None
+    case = PaddedCase(1, 33, 47, True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = make_inputs(case, device, seed=2)
+    out = poisoned_outputs(case, inputs)[0]
+    entry.run_padded(*inputs, out)
+    check_outputs([out], reference_outputs(case, inputs), names=("out",))

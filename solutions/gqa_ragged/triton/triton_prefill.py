@@ -48,7 +48,7 @@ from .split_kv import merge_kv_splits
 
 try:  # Gluon ships with triton >= 3.5 (the pinned 3.6 has it); older ones run the FA-2 kernel
     from . import gluon_attention
-except ImportError:
+except (ImportError, AttributeError):  # no Gluon, or one without an API the kernel uses
     gluon_attention = None
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128

@@ -147,3 +147,30 @@ def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):
     out = poisoned_outputs(case, inputs)[0]
     entry.run_padded(*inputs, out)
     check_outputs([out], reference_outputs(case, inputs), names=("out",))
+
+
+def test_gluon_launch_glue_on_the_host(monkeypatch):
+    """run_padded's Gluon branch up to the launch (here on CPU tensors, the launch recorded):
+    the plan's persistent grid, TMA descriptors over q / k / v with their own strides (a fused
+    QKV slice), and the kernel's run-time arguments in order."""
+    runnable = build_solution("triton_mini")
+    module = entry_module(runnable)
+    case = PaddedCase(2, 300, 700, True)
+    q, k, v, causal = fused_qkv_inputs(make_inputs(case, "cpu", seed=1))
+    out = poisoned_outputs(case, [q])[0]
+    launches = []
+    monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
+    plan = module.GluonPlan((300, 700, True, module.gluon_attention.grid(2, 300, 132), {}))
+    module.launch_padded(plan, q, k, v, out)
+    (kernel, grid, constexprs, runners, key, args), = launches
+    ga = module.gluon_attention
+    assert kernel is ga.gluon_padded_fwd and constexprs() is ga.CONSTEXPRS
+    # items: 3 row blocks x 2 sequences x 32 heads = 192 -> 132 CTAs; 1 x 1 x 32 -> 32
+    assert grid == (132,) and ga.grid(1, 128, 132) == (32,)
+    q_desc, k_desc, v_desc = args[:3]
+    width = q.stride(1)  # the fused projection's token stride
+    assert (q_desc.shape, q_desc.strides) == ([600, 4096], [width, 1])
+    assert q_desc.block_shape == [64, 128]
+    assert (k_desc.shape, k_desc.strides) == ([2, 700, 1024], [k.stride(0), width, 1])
+    assert v_desc.base is v and v_desc.block_shape == [1, 128, 128]
+    assert args[3:] == (out, 300, 700, 4096, module.PADDED_QK_SCALE, 1, 0)

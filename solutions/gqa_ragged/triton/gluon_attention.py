@@ -355,13 +355,20 @@ def _descriptor(base, shape, strides, block_shape, layout) -> TensorDescriptor:
     return descriptor
 
 
-def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms, pingpong=False):
-    """(grid, run-time arguments) of gluon_padded_fwd for q [batch, seq_q, 32, 128] and k / v
-    [batch, seq_kv, 8, 128] (tma_readable; q's batch step seq_q token steps) into out [batch,
-    seq_q, 32, 128] (out.stride(0) == seq_q x out.stride(1)). Q is described as [batch x seq_q,
-    columns] in 64-row halves (a row block may run into the next sequence: those rows are never
-    stored), K / V per sequence ([batch, seq_kv, columns]) in tiles of BLOCK_N keys. qk_scale
-    holds log2(e); pingpong: the module docstring."""
+def grid(batch: int, seq_q: int, num_sms: int) -> tuple:
+    """The persistent grid (plan time): one CTA an SM, at most one an item."""
+    items = (seq_q + BLOCK_M - 1) // BLOCK_M * batch * NUM_HEADS
+    return (min(items, num_sms),)
+
+
+def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong=False) -> tuple:
+    """The run-time arguments of gluon_padded_fwd (every call: the descriptors hold the data
+    pointers) for q [batch, seq_q, 32, 128] and k / v [batch, seq_kv, 8, 128] (tma_readable;
+    q's batch step seq_q token steps) into out [batch, seq_q, 32, 128] (out.stride(0) == seq_q
+    x out.stride(1)). Q is described as [batch x seq_q, columns] in 64-row halves (a row block
+    may run into the next sequence: those rows are never stored), K / V per sequence ([batch,
+    seq_kv, columns]) in tiles of BLOCK_N keys. qk_scale holds log2(e); pingpong: the module
+    docstring."""
     q_layout, kv_layout = _layouts(q.dtype)
     batch, columns = q.shape[0], NUM_KV_HEADS * HEAD_DIM
     q_desc = _descriptor(q, [batch * seq_q, NUM_HEADS * HEAD_DIM], [q.stride(1), 1],
@@ -370,7 +377,5 @@ def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, num_sms, pingpong
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
     v_desc = _descriptor(v, [batch, seq_kv, columns], [v.stride(0), v.stride(1), 1],
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
-    items = (seq_q + BLOCK_M - 1) // BLOCK_M * batch * NUM_HEADS
-    grid = (min(items, num_sms),)
-    return grid, (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale,
-                  int(causal), int(pingpong))  # fmt: skip
+    return (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale, int(causal),
+            int(pingpong))  # fmt: skip

@@ -326,7 +326,7 @@ def _strides(q, k, v) -> dict:
 
 class GluonPlan(tuple):
     """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
-    SMs, runners)."""
+    grid, runners)."""
 
 
 # The Gluon kernel runs the padded batch on sm_90 from this many queries and keys a sequence:
@@ -338,7 +338,7 @@ GLUON_MIN_TOKENS = 1024
 def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
     """The Gluon plan if the call suits it (sm_90, TMA-readable layouts, int32 output offsets,
     long enough sequences), else None."""
-    if gluon_attention is None or INTERPRET or q.device.type != "cuda" or min(batch, seq_q) < 1:
+    if gluon_attention is None or INTERPRET or q.device.type != "cuda" or batch < 1:
         return None
     if min(seq_q, seq_kv) < GLUON_MIN_TOKENS:
         return None
@@ -350,7 +350,8 @@ def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
         return None
     if batch * seq_q * out.stride(1) >= 2**31:
         return None
-    return GluonPlan((seq_q, seq_kv, causal, _sm_count(q.device), {}))
+    grid = gluon_attention.grid(batch, seq_q, _sm_count(q.device))
+    return GluonPlan((seq_q, seq_kv, causal, grid, {}))
 
 
 def run_padded(q, k, v, causal, out):
@@ -372,9 +373,8 @@ def run_padded(q, k, v, causal, out):
 
 def launch_padded(plan, q, k, v, out):
     if isinstance(plan, GluonPlan):
-        seq_q, seq_kv, causal, num_sms, runners = plan
-        grid, args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE,
-                                                 causal, num_sms)  # fmt: skip
+        seq_q, seq_kv, causal, grid, runners = plan
+        args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE, causal)
         _cached_launch(gluon_attention.gluon_padded_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
                        runners, q.get_device(), args)  # fmt: skip
         return

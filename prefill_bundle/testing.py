@@ -289,6 +289,27 @@ def make_inputs(case, device, seed: int = 0) -> list:
     ]
 
 
+# A NaN in one sequence's K/V must stay in that sequence: sequence 0 ends mid-tile, so its last
+# K/V tile runs into sequence 1, whose first 200 keys these cases make NaN.
+CPU_NAN_CASES = [PaddedCase(2, 40, 70, True), RaggedCase((30, 20), (50, 60))]
+
+
+def nan_neighbour_inputs(case, device, seed: int = 0) -> tuple:
+    """Inputs with sequence 1's first 200 (or all its) keys and values NaN, the reference outputs
+    of the same inputs without them, and the output rows that belong to sequence 0 (padded: batch
+    index 0; ragged: its query rows), which must match."""
+    expected = reference_outputs(case, make_inputs(case, device, seed))
+    inputs = make_inputs(case, device, seed)
+    if isinstance(case, PaddedCase):
+        for x in inputs[1:3]:
+            x[1, :200] = float("nan")
+        return inputs, expected, slice(0, 1)
+    first = case.kv_lens[0]
+    for x in inputs[1:3]:
+        x[first : first + 200] = float("nan")
+    return inputs, expected, slice(0, case.q_lens[0])
+
+
 def paged_inputs(case: PagedCase, device, randn) -> list:
     """q, the caches (NaN in every slot no sequence owns: past each last page's length, and the
     spare pages), the page table, then kv_last_page_len for page size 64, and sm_scale."""

@@ -13,6 +13,7 @@ from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.testing import (
     CPU_FP8_CASES,
     CPU_FUSED_CASES,
+    CPU_NAN_CASES,
     CPU_PADDED_CASES,
     CPU_PAGED_CASES,
     CPU_RAGGED_CASES,
@@ -29,6 +30,7 @@ from prefill_bundle.testing import (
     check_outputs,
     fused_qkv_inputs,
     make_inputs,
+    nan_neighbour_inputs,
     reference_outputs,
     run_solution,
 )
@@ -132,9 +134,7 @@ def test_back_to_back_launches_on_two_streams(language):
 # ---- A NaN in one sequence's K/V stays in that sequence ---------------------------------------
 # Sequence 0 ends mid-tile, so its last K/V tile runs into sequence 1, whose first keys are NaN:
 # their logits are masked, but 0 x NaN in P V would still reach sequence 0's rows unless those V
-# rows are never read or read as zeros. (FlashInfer's fa3 kernels carry the NaN over; so does
-# TileLang's, below.)
-CPU_NAN_CASES = [PaddedCase(2, 40, 70, True), RaggedCase((30, 20), (50, 60))]
+# rows are never read or read as zeros. (FlashInfer's fa3 kernels carry the NaN over.)
 GPU_NAN_CASES = [
     PaddedCase(2, 1100, 1100, True),
     PaddedCase(2, 1100, 1100, False),
@@ -142,31 +142,9 @@ GPU_NAN_CASES = [
 ]
 
 
-def nan_neighbour_matrix():
-    params = []
-    for param in matrix(CPU_NAN_CASES, GPU_NAN_CASES, baselines=False):
-        solution = param.values[0]
-        marks = list(param.marks)
-        if solution.startswith("tilelang"):
-            reason = "TileLang reads the next sequence's V rows of a tile as they are (open)"
-            marks.append(pytest.mark.xfail(strict=True, reason=reason))
-        params.append(pytest.param(*param.values, id=param.id, marks=marks))
-    return params
-
-
-@pytest.mark.parametrize("solution,case", nan_neighbour_matrix())
+@pytest.mark.parametrize("solution,case", matrix(CPU_NAN_CASES, GPU_NAN_CASES, baselines=False))
 def test_a_nan_in_one_sequence_stays_in_it(solution, case):
     device = "cuda" if HAS_CUDA else "cpu"
-    expected = reference_outputs(case, make_inputs(case, device, seed=5))
-    inputs = make_inputs(case, device, seed=5)
-    if isinstance(case, PaddedCase):
-        inputs[1][1, :200] = float("nan")
-        inputs[2][1, :200] = float("nan")
-        rows = slice(0, 1)  # sequence 0's rows of out
-    else:
-        first = case.kv_lens[0]
-        inputs[1][first : first + 200] = float("nan")
-        inputs[2][first : first + 200] = float("nan")
-        rows = slice(0, case.q_lens[0])
+    inputs, expected, rows = nan_neighbour_inputs(case, device, seed=5)
     actual = run_solution(solution, case, inputs)
     check_outputs([x[rows] for x in actual], [x[rows] for x in expected])

@@ -33,6 +33,7 @@ import torch
 
 from prefill_bundle.testing import (
     CPU_FUSED_CASES,
+    CPU_NAN_CASES,
     CPU_PADDED_CASES,
     CPU_RAGGED_CASES,
     MALFORMED_BATCHES,
@@ -49,6 +50,7 @@ from prefill_bundle.testing import (
     make_inputs,
     malformed_expected,
     malformed_inputs,
+    nan_neighbour_inputs,
     reference_outputs,
     run_solution,
     tilelang_kernels,
@@ -116,6 +118,10 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     if tilelang_kernels().block_config(dtype, causal).get("ws"):
         assert "tl::tma_load(" in source  # a producer warp loads K/V by TMA ...
         assert "tl::warpgroup_reg_dealloc<24>" in source  # ... holding few registers
+        # ... but a sequence's last V tile by cp.async, zeros past its keys (the next
+        # sequence's V may hold NaN: 0 x NaN in P V), once, after the slot's wait.
+        assert source.count("tl_gather_row16(") == 2  # the prelude's definition, the call
+        assert source.count("tl::mbarrier_cp_async_arrive(v_full") == 1
     else:
         assert "tl::cp_async_gs_conditional<16>(" in source  # 16-byte async copies, bounded
     assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
@@ -218,11 +224,18 @@ def rewritten_kernel_module(folder, name: str, replacements: list):
 
 def test_token_stride_changes_no_device_code(tmp_path):
     """Contiguous inputs run the code they ran before q, k and v took a token stride: the
-    kernel declared contiguous compiles to the same CUDA source."""
+    kernel declared contiguous compiles to the same CUDA source, but for V's row stride, which
+    the zero-filled copy of a sequence's last V tile takes as an argument (a constant there)."""
     contiguous = rewritten_kernel_module(tmp_path, "contiguous", [(_STRIDED, _CONTIGUOUS)])
     kernel, _ = compile_fresh(contiguous, "bfloat16", True)
-    assert kernel.get_kernel_source() == compiled("bfloat16", True)[0]
-
+    strided = compiled("bfloat16", True)[0]
+    row_bytes = "(uint)2048"  # 8 heads x 128 bfloat16
+    assert strided.count("(((uint)v_stride) * (uint)2)") == 1
+    assert strided.count("int total_q, int v_stride)") == 2  # declaration, definition
+    as_contiguous = strided.replace("(((uint)v_stride) * (uint)2)", row_bytes).replace(
+        "int total_q, int v_stride)", "int total_q)"
+    )
+    assert kernel.get_kernel_source() == as_contiguous
 
 
 def test_entry_calls_the_kernels_entry_function():
@@ -241,7 +254,6 @@ def test_entry_calls_the_kernels_entry_function():
             main()
 
 
-
 def test_variant_solutions_carry_their_knobs():
     """scripts/tilelang_variant.py: a variant is a solution of its own whose kernels take the
     knobs on top of the shipped block_config; the shipped solution's are untouched."""
@@ -253,6 +265,7 @@ def test_variant_solutions_carry_their_knobs():
     shipped = tilelang_kernels().block_config("bfloat16", True)
     assert kernels.block_config("bfloat16", True) == {**shipped, **knobs}
     assert shipped["num_stages"] != 3 and shipped["persistent"]
+
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
@@ -414,6 +427,21 @@ def test_entry_takes_fused_qkv_views_on_cpu(case, cpu_kernels, monkeypatch):
     inputs = make_inputs(case, "cpu", seed=5)
     actual = run_solution(solution_of(case), case, fused_qkv_inputs(inputs))
     check_outputs(actual, reference_outputs(case, inputs))
+
+
+@pytest.mark.parametrize(
+    "case,config",
+    [(case, config) for case in CPU_NAN_CASES for config in ("solution_tiles", "tiles32x16")],
+    ids=lambda x: getattr(x, "id", x),
+)
+def test_a_nan_in_one_sequence_stays_in_it_on_cpu(case, config, cpu_kernels, monkeypatch):
+    """Sequence 0's last K/V tile runs into sequence 1's NaN keys: its V rows there come in as
+    zeros (the pipelined program's CopyV; the ws producer's zero-filled tail, in the GPU
+    matrix), so sequence 0's rows stay right."""
+    run_on_cpu(monkeypatch, cpu_kernels, solution_of(case), config)
+    inputs, expected, rows = nan_neighbour_inputs(case, "cpu", seed=5)
+    actual = run_solution(solution_of(case), case, inputs)
+    check_outputs([x[rows] for x in actual], [x[rows] for x in expected])
 
 
 CPU_MALFORMED_BATCHES = MALFORMED_BATCHES + [

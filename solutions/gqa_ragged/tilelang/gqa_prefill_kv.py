@@ -50,36 +50,21 @@ import tilelang.language as T
 
 from .gqa_prefill_fp8 import fp8_paged_kv
 from .gqa_prefill_ragged import ragged_kv
-from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
+from .gqa_prefill_shapes import (
+    ASYNC_COPY,
+    GATHER_ROW,
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    ROLLED,
+    VECTOR,
+    CopiesArrive,
+    token_rows,
+)
 
-# cp.async without TileLang's implicit commit and wait: the copies complete on an mbarrier.
-ASYNC_COPY = {"parallel_prefer_async": True, "parallel_async_without_async_commit_wait": True}
-# A loop the compiler keeps rolled: unrolled, the loaders' row loops hoist every row's address
-# into registers, which the producer's 24 (setmaxnreg) cannot hold.
-ROLLED = {"pragma_unroll_factor": 1}
 # The pipelined program's page-size-1 gathers, unrolled by 4: four passes' page id loads in
 # flight at once.
 UNROLLED_BY_4 = {"pragma_unroll_factor": 4}
-# Page size 1's row copy for the warp-specialized gather (the kernel's prelude): 16 bytes of
-# page `page` into shared memory, the source address one IMAD.WIDE.U32 from page 0's
-# (page_bytes: the page stride in bytes, < 2^32 as the stride in elements is an int32; the
-# product in 64 bits), or zeros where `read` is 0 (cp.async's ignore-src operand: nothing is
-# read). Written out in CUDA because TileLang's indexing sign-extends the page id and the stride
-# to 64 bits, multiplies them as such and adds its own bounds test: 17-18 instructions a row
-# against 4 (TUNING.md, page size 1). The multiply is PTX's mul.wide.u32: written in C, it
-# reached ptxas as a 64-bit multiply (one instruction a row more).
-GATHER_ROW = """
-__device__ __forceinline__ void tl_gather_row16(void* smem, const void* page0, unsigned int page,
-                                                unsigned int page_bytes, unsigned int read) {
-  unsigned long long offset;
-  asm("mul.wide.u32 %0, %1, %2;" : "=l"(offset) : "r"(page), "r"(page_bytes));
-  const char* src = static_cast<const char*>(page0) + offset;
-  unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
-  asm volatile("{ .reg .pred ignore; setp.eq.u32 ignore, %2, 0;"
-               " cp.async.cg.shared.global [%0], [%1], 16, ignore; }"
-               :: "r"(dst), "l"(src), "r"(read));
-}
-"""
 # Page size 64's window of page ids (HoldWindow): lane l reads ids[first + l] if l < count, else
 # -1 (nothing read). Written out in CUDA because TileLang's indexing widens the lane's index to
 # 64 bits and adds its own bounds test: the producer's 24 registers then spilled.
@@ -89,7 +74,6 @@ __device__ __forceinline__ int tl_page_window(const int* ids, int first, int cou
   return lane < count ? __ldg(ids + first + lane) : -1;
 }
 """
-VECTOR = 8  # elements a thread moves per cp.async or store: 16 bytes
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
@@ -246,12 +230,6 @@ def paged_kv(dims, page_size: int, cache_dtype=None) -> SimpleNamespace:
             T.atomic_max(scratch[1][item % 2], item + 1)
         else:
             scratch[1][item % 2] = item + 1
-
-    @T.macro
-    def CopiesArrive(full, stage):
-        """The phase of full[stage] completes only once this thread's cp.async copies have
-        landed (cp.async.mbarrier.arrive counts one more arrival until they do)."""
-        T.call_extern("handle", "tl::mbarrier_cp_async_arrive", full[stage])
 
     def rows_per_pass(threads):
         """Rows that `threads` threads move at once, a 16-byte vector each."""

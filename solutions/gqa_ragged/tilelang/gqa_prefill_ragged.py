@@ -1,13 +1,29 @@
 """The ragged K/V source (gqa_prefill_kv.build_kv documents what a source gives): K and V
 [total_kv, 8, 128] at any token stride, kv_indptr indexing their rows; a tile is one TMA box of
 block_N rows.
+
+A sequence's last tile runs on into the next sequence's rows (or past the tensor, which TMA
+reads as zeros). K there does no harm: those scores are masked whatever Q K^T gave. V does: P V
+with P = 0 is still NaN where V is NaN or inf, and the next sequence's V may hold NaN (a
+malformed or poisoned batch must not reach its neighbour). So a tile that ends past its
+sequence takes its V rows with cp.async's zero fill instead of a TMA box: the keys' rows read,
+the others zero (once per item at most: its last tile).
 """
 
 from types import SimpleNamespace
 
 import tilelang.language as T
 
-from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
+from .gqa_prefill_shapes import (
+    GATHER_ROW,
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    ROLLED,
+    VECTOR,
+    CopiesArrive,
+    token_rows,
+)
 
 
 def ragged_kv(dims) -> SimpleNamespace:
@@ -37,16 +53,43 @@ def ragged_kv(dims) -> SimpleNamespace:
 
         return main
 
+    def tail_keys(k, seq_kv):
+        """The keys of tile k (block_N while the tile is whole)."""
+        return T.min(seq_kv - k * block_N, block_N)
+
+    def zero_filled(V, kv_row, keys, slot, kv_head, c):
+        """V of the tile's row `slot`, or zero past its `keys` keys (not read)."""
+        row = T.max(T.min(kv_row + slot, V.shape[0] - 1), 0)  # inside V all the same
+        return T.if_then_else(
+            slot < keys, V[row, kv_head % NUM_KV_HEADS, c], T.Cast(dtype, 0)
+        )  # fmt: skip
+
     @T.macro
-    def LoadRing(source, shared, full, empty, g, kv_row, kv_head, num_stages):
-        """The g-th K or V tile (counted over the CTA's items) into its ring slot, once the
-        consumers have released the slot's previous tile."""
-        stage = g % num_stages
-        T.mbarrier_wait_parity(empty[stage], ((g // num_stages) & 1) ^ 1)
-        T.tma_copy(
-            source[kv_row : kv_row + block_N, kv_head, :], shared[stage, :, :], barrier=full[stage]
-        )
-        T.mbarrier_arrive(full[stage])
+    def GatherTail(V, V_shared, stage, kv_row, keys, kv_head):
+        """The producer warp's copy of a tile's `keys` first rows of V into V_shared[stage],
+        zeros in the others (cp.async, in flight when it returns). A row past V (a malformed
+        batch's sequence may claim rows V lacks) is not read either. A pass of 2 rows: a row
+        costs its address's IMAD.WIDE.U32 and the cp.async (tl_gather_row16: TileLang's own
+        indexing, clamped so it could use cp.async, spilled at the producer's 24 registers)."""
+        lane = T.get_thread_binding() % 32
+        chunks = HEAD_DIM // VECTOR  # lanes a row
+        row, col = lane // chunks, lane % chunks * VECTOR
+        readable = T.if_then_else(kv_row >= 0, T.min(keys, V.shape[0] - kv_row), 0)
+        row_bytes = T.Cast("uint32", V.strides[0]) * T.uint32(2)
+        rows = 32 // chunks
+        for i in T.unroll(block_N // rows, annotations=ROLLED):
+            slot = i * rows + row
+            T.call_extern(
+                "handle", "tl_gather_row16",
+                T.access_ptr(V_shared[stage, slot, col], "w", VECTOR),
+                T.access_ptr(V[0, kv_head % NUM_KV_HEADS, col], "r", VECTOR),
+                T.Cast("uint32", kv_row + slot), row_bytes, T.Cast("uint32", slot < readable),
+            )  # fmt: skip
+
+    @T.macro
+    def WaitSlot(empty, g, num_stages):
+        """The ring slot of the g-th tile, once the consumers have released its last tile."""
+        T.mbarrier_wait_parity(empty[g % num_stages], ((g // num_stages) & 1) ^ 1)
 
     @T.macro
     def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item):
@@ -54,9 +97,24 @@ def ragged_kv(dims) -> SimpleNamespace:
         V_shared and their k_full, k_empty, v_full, v_empty barriers."""
         K, V = kv[0], kv[1]
         K_shared, V_shared, k_full, k_empty, v_full, v_empty = ring
+        stage = g % num_stages
         kv_row = kv_start + k * block_N
-        LoadRing(K, K_shared, k_full, k_empty, g, kv_row, kv_head, num_stages)
-        LoadRing(V, V_shared, v_full, v_empty, g, kv_row, kv_head, num_stages)
+        WaitSlot(k_empty, g, num_stages)
+        T.tma_copy(
+            K[kv_row : kv_row + block_N, kv_head, :], K_shared[stage, :, :], barrier=k_full[stage]
+        )
+        T.mbarrier_arrive(k_full[stage])
+        WaitSlot(v_empty, g, num_stages)
+        keys = tail_keys(k, seq_kv)
+        if keys == block_N:
+            T.tma_copy(
+                V[kv_row : kv_row + block_N, kv_head, :], V_shared[stage, :, :],
+                barrier=v_full[stage],
+            )  # fmt: skip
+        else:
+            GatherTail(V, V_shared, stage, kv_row, keys, kv_head)
+            CopiesArrive(v_full, stage)
+        T.mbarrier_arrive(v_full[stage])
 
     @T.macro
     def CopyK(kv, K_shared, k, kv_start, seq_kv, kv_head, scratch):
@@ -64,7 +122,10 @@ def ragged_kv(dims) -> SimpleNamespace:
 
     @T.macro
     def CopyV(kv, V_shared, k, kv_start, seq_kv, kv_head, scratch):
-        T.copy(kv[1][kv_start + k * block_N : kv_start + (k + 1) * block_N, kv_head, :], V_shared)
+        kv_row = kv_start + k * block_N
+        keys = tail_keys(k, seq_kv)
+        for slot, c in T.Parallel(block_N, HEAD_DIM):
+            V_shared[slot, c] = zero_filled(kv[1], kv_row, keys, slot, kv_head, c)
 
     return SimpleNamespace(
         page_size=None, kernel=kernel, loader_warps=1, alloc_scratch=lambda: None,
@@ -73,4 +134,5 @@ def ragged_kv(dims) -> SimpleNamespace:
         seq_kv=lambda kv, s, kv_start: kv[2][s + 1] - kv_start,
         entry_bad=lambda kv, i: None, sequence_ok=lambda kv, s: None,
         LoadTile=LoadTile, CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
+        prelude=GATHER_ROW,
     )  # fmt: skip

@@ -12,12 +12,18 @@ import torch
 
 from prefill_bundle import REPO_ROOT
 from prefill_bundle.testing import (
+    MALFORMED_BATCHES,
     PaddedCase,
+    RaggedCase,
     build_solution,
+    check_malformed_outputs,
     check_outputs,
     entry_module,
     fused_qkv_inputs,
     make_inputs,
+    malformed_expected,
+    malformed_inputs,
+    nan_neighbour_inputs,
     poisoned_outputs,
     reference_outputs,
     run_runnable,
@@ -27,12 +33,12 @@ pytest.importorskip("triton.experimental.gluon")
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-def _sass(dtype: str) -> str:
+def _sass(dtype: str, *kernel: str) -> str:
     """scripts/gluon_sass.py's output, in a process without the interpreter (tests/conftest.py
     turns it on without a GPU; compiled Gluon cannot call interpreted triton functions)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = REPO_ROOT / "scripts" / "gluon_sass.py"
-    return subprocess.run([sys.executable, str(script), dtype], env=env, check=True,
+    return subprocess.run([sys.executable, str(script), dtype, *kernel], env=env, check=True,
                           capture_output=True, text=True, timeout=600).stdout  # fmt: skip
 
 
@@ -57,6 +63,17 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype)
     loops = re.findall(r"wait_s((?: exp)*) wait_all", " ".join(events))
     assert len(loops) == 4, events
     assert all(body.count("exp") >= 64 for body in loops), [b.count("exp") for b in loops]
+
+
+def test_gluon_ragged_kernel_compiles_for_sm90a_with_its_v_tail_copy():
+    """The ragged kernel: the padded one's loops (the same order of waits and exponentials),
+    K / V by TMA, and the producer's cp.async copy of a sequence's last V tile (16 steps of 8
+    rows, 4 copies a lane each) completing on the slot's barrier."""
+    sass = _sass("bf16", "ragged")
+    assert sass.count("HGMMA.64x128x16.F32") == 96
+    assert "USETMAXREG" in sass and "UTMALDG" in sass
+    assert sass.count("LDGSTS.E.BYPASS.128") == 64
+    assert "ARRIVES.LDGSTSBAR" in sass
 
 
 # ---- On the GPU: run_padded's Gluon path against the fp32 reference ----------------------------
@@ -117,6 +134,81 @@ def test_gluon_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_solution
     assert out[1].isnan().all()  # sequence 1 itself sees its NaN
 
 
+# ---- On the GPU: run_ragged's Gluon path -------------------------------------------------------
+
+GLUON_RAGGED_CASES = [
+    RaggedCase((128,), (128,)),
+    RaggedCase((1,), (1030,)),
+    RaggedCase((1000, 700, 300), (1000, 1500, 300)),  # tails inside the next sequence
+    RaggedCase((4500, 37), (3000, 4000)),  # more queries than keys: rows that see no key
+    RaggedCase((1000, 1, 0, 2048), (1000, 1, 0, 2048)),  # an empty sequence, a 1-token one
+    RaggedCase((300, 129, 5), (0, 700, 5)),  # a sequence without keys
+    RaggedCase((2048, 2048, 2048, 2048), (2048, 2048, 2048, 2048)),  # whole tiles only
+]
+
+
+@pytest.fixture
+def gluon_ragged_solution(monkeypatch):
+    """triton_ragged with the Gluon path taken from 1 query a sequence on (fresh plans)."""
+    runnable = build_solution("triton_ragged")
+    module = entry_module(runnable)
+    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "_ragged_plans", module.PlanCache())
+    return runnable, module
+
+
+def _assert_gluon_ragged_plan(module, inputs):
+    q, k, v, qo_indptr, kv_indptr, _ = inputs
+    output, lse = torch.empty_like(q), torch.empty(q.shape[:2], device=q.device)
+    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse)
+    assert isinstance(plan, module.GluonRaggedPlan)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["contiguous", "fused_qkv"])
+@pytest.mark.parametrize("case", GLUON_RAGGED_CASES, ids=lambda c: c.id)
+def test_gluon_ragged_path_matches_the_reference(gluon_ragged_solution, case, fused):
+    """Output and LSE of every row against the fp32 reference (outputs poisoned first)."""
+    runnable, module = gluon_ragged_solution
+    inputs = make_inputs(case, "cuda", seed=11)
+    if fused:
+        inputs = fused_qkv_inputs(inputs)
+    _assert_gluon_ragged_plan(module, inputs)
+    actual = run_runnable(runnable, case, inputs)
+    check_outputs(actual, reference_outputs(case, inputs))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_ragged_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_ragged_solution):
+    """Sequence 0's last V tile ends inside sequence 1's NaN values: it comes in by cp.async
+    with zeros past sequence 0's keys."""
+    runnable, module = gluon_ragged_solution
+    case = RaggedCase((1000, 700, 300), (1000, 1500, 300))
+    inputs, expected, rows = nan_neighbour_inputs(case, "cuda", seed=5)
+    _assert_gluon_ragged_plan(module, inputs)
+    actual = run_runnable(runnable, case, inputs)
+    check_outputs([x[rows] for x in actual], [x[rows] for x in expected])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", MALFORMED_BATCHES, ids=lambda b: b.id)
+def test_gluon_ragged_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_ragged_solution,
+                                                                      batch):  # fmt: skip
+    """Indptr arrays that are not a partition: the Gluon kernel writes nothing, the FA-2 kernel
+    after it computes the well-formed sequences and NaN in every other row."""
+    runnable, module = gluon_ragged_solution
+    inputs = malformed_inputs(batch, "cuda", seed=3)
+    _assert_gluon_ragged_plan(module, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
+    runnable(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+
+
 def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):
     """A triton without Gluon (or without an API the kernel uses) still runs every definition
     on the FA-2 kernel: triton_prefill imports with gluon_attention None and run_padded gives
@@ -174,3 +266,39 @@ def test_gluon_launch_glue_on_the_host(monkeypatch):
     assert (k_desc.shape, k_desc.strides) == ([2, 700, 1024], [k.stride(0), width, 1])
     assert v_desc.base is v and v_desc.block_shape == [1, 128, 128]
     assert args[3:] == (out, 300, 700, 4096, module.PADDED_QK_SCALE, 1, 0)
+
+
+def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
+    """run_ragged's Gluon branch up to the launches (CPU tensors, the launches recorded): the
+    persistent grid, flat TMA descriptors over q / k / v at their own token strides (fused QKV
+    slices), the kernel's run-time arguments in order, then the FA-2 kernel planned for
+    malformed batches only."""
+    runnable = build_solution("triton_ragged")
+    module = entry_module(runnable)
+    case = RaggedCase((300, 700), (500, 900))
+    q, k, v, qo_indptr, kv_indptr, sm_scale = fused_qkv_inputs(make_inputs(case, "cpu", seed=1))
+    output, lse = torch.empty(1000, 32, 128, dtype=q.dtype), torch.empty(1000, 32)
+    launches = []
+    monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
+    ga = module.gluon_attention
+    fa2 = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
+                              config=module._GLUON_FALLBACK)  # fmt: skip
+    plan = module.GluonRaggedPlan((2, 1000, 1400, ga.ragged_grid(2, 1000, 132), fa2, {}))
+    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
+    (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
+        launches
+    )
+    assert kernel is ga.gluon_ragged_fwd and constexprs() is ga.CONSTEXPRS
+    # items: (1000 // 128 + 2) slots x 32 heads = 288 -> 132 CTAs
+    assert grid == (132,) and ga.ragged_grid(1, 100, 132) == (32,)
+    q_desc, k_desc, v_desc = args[:3]
+    width = q.stride(0)  # the fused projection's token stride
+    assert (q_desc.shape, q_desc.strides, q_desc.block_shape) == ([1000, 4096], [width, 1],
+                                                                  [64, 128])  # fmt: skip
+    assert (k_desc.shape, k_desc.strides, k_desc.block_shape) == ([1400, 1024], [width, 1],
+                                                                  [128, 128])  # fmt: skip
+    assert v_desc.base is v and args[3] is v
+    assert args[4:] == (output, lse, qo_indptr, kv_indptr, 2, 1000, 1400, width, 4096,
+                        sm_scale * module.LOG2_E, 1, 0)  # fmt: skip
+    assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
+    assert fa2_args[:7] == (q, k, v, output, lse, qo_indptr, kv_indptr)

@@ -126,6 +126,9 @@ def gqa_prefill_fwd(
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
     KV_SPLITS: tl.constexpr,  # > 1: split-KV (decode-like batches, see below); 1: off
+    # Ragged: run only when the indptr arrays are not a partition (after the Gluon kernel,
+    # which computes well-formed batches and leaves the others to this one).
+    MALFORMED_ONLY: tl.constexpr = False,
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     BLOCK_TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_TILE
@@ -156,6 +159,9 @@ def gqa_prefill_fwd(
         # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
         # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
         batch_ok = is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv)
+        if MALFORMED_ONLY:
+            if batch_ok:
+                return
         if not batch_ok:
             poison_uncovered_rows(
                 out, lse, qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv, slot, first_head,

@@ -17,6 +17,11 @@ Causal masking is bottom-right aligned; key tiles every row of a warpgroup sees 
 without a mask, only the diagonal's and the last partial tile pay for one. CTAs start with the
 last row blocks (the longest rows when causal). Rows that see no key give 0.
 
+The ragged batch (gluon_ragged_fwd, run_ragged's kernel for long sequences) has the same
+structure over flat Q / K / V: items found by a binary search over qo_indptr, the output's LSE
+stored, a sequence's partial last V tile copied with zeros past its keys, and batches whose
+indptr arrays are not a partition left to the FA-2 kernel launched after it.
+
 Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 """
 
@@ -26,7 +31,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -172,13 +177,104 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, a
 
 
 @gluon.jit
+def _index_ranges():
+    """A consumer's index vectors: key columns of S, rows and head dims of O."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KV_BLOCK, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DIM, 16])
+    cols = gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(0, s_layout))
+    rows = gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
+    dims = gl.arange(0, DIM, layout=gl.SliceLayout(0, o_layout))
+    return cols, rows, dims
+
+
+@gluon.jit
+def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                  turns, out_ptr, lse_ptr, out_row0, m0, seq_q, seq_kv, shift, num_tiles, head,
+                  tile, count, qk_scale, out_row_stride, causal, pingpong, wg, cols, rows, dims,
+                  RAGGED: gl.constexpr):
+    """One consumer warpgroup's part of an item: query rows m0 .. m0 + 63 of a sequence of
+    seq_q queries and seq_kv keys (its token 0 at out row out_row0), head `head`, num_tiles key
+    tiles from the ring's tile `tile`, the item's Q the count-th. Tile 0 and the tiles from the
+    first one a row of it does not see whole run masked, those before without. Q is released
+    (q_empty) after the item's last S, before the last P V and the output's stores, so the
+    producer loads the next item's meanwhile. shift: seq_kv - seq_q (bottom-right: query row r
+    sees keys up to r + shift); cols, rows, dims: _index_ranges (the caller's, hoisted out of its
+    item loop). RAGGED: the last tile's V may come from cp.async (a fence before its P V), and
+    the rows' LSE (base 2) are stored."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KV_BLOCK, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.full([HALF_M], -float("inf"), gl.float32, row_s)
+    l_i = gl.zeros([HALF_M], gl.float32, row_s)
+    acc = gl.zeros([HALF_M, DIM], gl.float32, o_layout)
+    last_key = m0 + gl.arange(0, HALF_M, layout=row_s) + shift  # causal: a row's last key
+    whole_tiles = seq_kv // KV_BLOCK
+    if causal != 0:
+        whole_tiles = gl.minimum(whole_tiles, gl.maximum(m0 + shift + 1, 0) // KV_BLOCK)
+    mbarrier.wait(q_full, count & 1)
+    if num_tiles > 0:
+        stage = tile % RING
+        mbarrier.wait(k_full.index(stage), (tile // RING) & 1)
+        if pingpong != 0:
+            mbarrier.wait(turns.index(wg), (tile & 1) ^ (wg ^ 1))
+        scores = hopper.warpgroup_mma(q_half, _tile(k_smem, stage).permute((1, 0)),
+                                      gl.zeros([HALF_M, KV_BLOCK], gl.float32, s_layout),
+                                      use_acc=False, is_async=True)
+        if pingpong != 0:
+            mbarrier.arrive(turns.index(wg ^ 1))
+        scores = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[scores])
+        mbarrier.arrive(k_empty.index(stage))
+        p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols,
+                                           last_key, causal, True)
+        split = gl.maximum(whole_tiles - 1, 0)
+        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                            v_empty, turns, acc, p, alpha, m_i, l_i, tile, 0,
+                                            split, seq_kv, qk_scale, cols, last_key, causal,
+                                            wg, pingpong, False)
+        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                            v_empty, turns, acc, p, alpha, m_i, l_i, tile,
+                                            split, num_tiles - 1, seq_kv, qk_scale, cols,
+                                            last_key, causal, wg, pingpong, True)
+        mbarrier.arrive(q_empty)  # the item's last S is done: Q is free
+        last = (tile + num_tiles - 1) % RING
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p16 = gl.convert_layout(p.to(q_half.dtype), p_layout)
+        mbarrier.wait(v_full.index(last), ((tile + num_tiles - 1) // RING) & 1)
+        if RAGGED:  # written by the producer's cp.async (generic proxy), read by wgmma
+            hopper.fence_async_shared()
+        acc = hopper.warpgroup_mma(p16, _tile(v_smem, last), acc, is_async=True)
+        acc = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        mbarrier.arrive(v_empty.index(last))
+    else:
+        mbarrier.arrive(q_empty)
+    # A row without keys: 0 (a NaN among its keys stays NaN: l_o is NaN, not 0).
+    l_o = gl.convert_layout(l_i, row_o)
+    acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
+    in_seq = m0 + rows < seq_q
+    offsets = ((out_row0 + m0 + rows)[:, None] * out_row_stride + head * DIM
+               + dims[None, :])  # fmt: skip
+    gl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=in_seq[:, None])
+    if RAGGED:  # base 2, -inf where a row saw no key
+        m_o = gl.convert_layout(m_i, row_o)
+        lse = gl.where(l_o == 0, -float("inf"), m_o + gl.log2(l_o))
+        gl.store(lse_ptr + (out_row0 + m0 + rows) * Q_HEADS + head, lse, mask=in_seq)
+
+
+@gluon.jit
 def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns,
               out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong, num_m_blocks,
               batch_heads, wg):
     """One consumer warpgroup: for each of the CTA's items, query rows wg x 64 .. wg x 64 + 63
-    of its row block. Tile 0 and the tiles from the first one a row of it does not see whole
-    run masked, those before without. Q is released (q_empty) after the item's last S, before
-    the last P V and the output's stores, so the producer loads the next item's meanwhile."""
+    of its row block, as _consume_item (whose docstring says how). The item body is written
+    out here, not a call of _consume_item, to keep the SASS that was measured: calling it,
+    ptxas scheduled the loop otherwise and 8x2048 causal measured 0.89 of FlashInfer against
+    0.92 (session 8, call 2)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -320,6 +416,214 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_str
     )
 
 
+# ---- The ragged batch -------------------------------------------------------------------------
+# Sequence s owns the item slots [first(s), first(s + 1)), first(s) = qo_indptr[s] // 128 + s: at
+# least its cdiv(q_len, 128) row blocks (one spare at most), num_slots = total_q // 128 +
+# num_seqs in all (the FA-2 kernel's ragged_batch.find_sequence, with 128-token tiles). Q, K and
+# V are described flat ([rows, heads x HEAD_DIM]): a row block may run into the next sequence's
+# queries (never stored) and a key tile into its keys (masked), but not its values: a last tile
+# that ends inside the next sequence's V comes in by cp.async, zeros past its keys (0 x NaN in P V
+# would carry a NaN over).
+
+
+@gluon.jit
+def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal):
+    """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles) of its row
+    block m0 .. m0 + 127 of one sequence (num_tiles 0: a spare slot). Slots run last first (a
+    sequence's last row blocks see the most keys when causal), the 32 heads of a slot together."""
+    slot = num_slots - 1 - item // Q_HEADS
+    head = item % Q_HEADS
+    lo = 0
+    hi = num_seqs
+    while lo + 1 < hi:  # the last s with first(s) <= slot
+        mid = (lo + hi) // 2
+        if gl.load(qo_indptr + mid) // (2 * HALF_M) + mid <= slot:
+            lo = mid
+        else:
+            hi = mid
+    q_start = gl.load(qo_indptr + lo)
+    q_len = gl.load(qo_indptr + lo + 1) - q_start
+    kv_start = gl.load(kv_indptr + lo)
+    kv_len = gl.load(kv_indptr + lo + 1) - kv_start
+    m0 = (slot - (q_start // (2 * HALF_M) + lo)) * (2 * HALF_M)
+    num_tiles = (kv_len + KV_BLOCK - 1) // KV_BLOCK
+    if causal != 0:
+        last_key = m0 + 2 * HALF_M - 1 + kv_len - q_len
+        num_tiles = gl.maximum(gl.minimum(num_tiles, (last_key + KV_BLOCK) // KV_BLOCK), 0)
+    if m0 >= q_len:
+        num_tiles = 0
+    return head, q_start, q_len, kv_start, kv_len, m0, num_tiles
+
+
+@gluon.jit
+def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
+    """The producer warp's cp.async of V rows row0 .. row0 + keys - 1 into v_tile, zeros in its
+    rows from `keys` on (nothing read there), 8 rows a step (one swizzle atom)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
+    r = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
+    for r0 in gl.static_range(0, KV_BLOCK, 8):
+        rows = r0 + r
+        ptrs = v_ptr + ((row0 + rows).to(gl.int64) * v_row_stride + kv_col)[:, None] + c[None, :]
+        async_copy.async_copy_global_to_shared(v_tile.slice(r0, 8), ptrs,
+                                               mask=(rows < keys)[:, None])
+
+
+@gluon.jit
+def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, total_kv, causal, batch_ok):
+    """The padded producer's loads for ragged items (_ragged_item), at flat coordinates; V's
+    last tile of a sequence that is not the batch's last by _gather_v when it is partial."""
+    if batch_ok != 0:
+        tile = 0
+        count = 0
+        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+            head, q_start, q_len, kv_start, kv_len, m0, num_tiles = _ragged_item(
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+            q_row = q_start + m0
+            mbarrier.wait(q_empty, (count & 1) ^ 1)
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
+            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
+                                            q_smem.index(1))
+            kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
+            # Rows past the sequence's keys are another sequence's (or past V: TMA's zeros).
+            shares_v = kv_start + kv_len < total_kv
+            for i in range(num_tiles):
+                stage = (tile + i) % RING
+                phase = ((tile + i) // RING) & 1
+                kv_row = kv_start + i * KV_BLOCK
+                mbarrier.wait(k_empty.index(stage), phase ^ 1)
+                mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], k_full.index(stage),
+                                                k_smem.index(stage))
+                mbarrier.wait(v_empty.index(stage), phase ^ 1)
+                keys = kv_len - i * KV_BLOCK
+                if shares_v and keys < KV_BLOCK:
+                    _gather_v(v_ptr, v_row_stride, v_smem.index(stage), kv_row, keys, kv_col)
+                    async_copy.mbarrier_arrive(v_full.index(stage))
+                    mbarrier.arrive(v_full.index(stage))
+                else:
+                    mbarrier.expect(v_full.index(stage), v_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col],
+                                                    v_full.index(stage), v_smem.index(stage))
+            tile += num_tiles
+            count += 1
+
+
+@gluon.jit
+def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, wg):
+    """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
+    row block (_consume_item), its output and LSE."""
+    if batch_ok != 0:
+        cols, rows, dims = _index_ranges()
+        tile = 0
+        count = 0
+        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+            head, q_start, q_len, kv_start, kv_len, m0, num_tiles = _ragged_item(
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+            _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                          v_empty, turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len,
+                          kv_len, kv_len - q_len, num_tiles, head, tile, count, qk_scale,
+                          out_row_stride, causal, pingpong, wg, cols, rows, dims, True)
+            tile += num_tiles
+            count += 1
+
+
+@gluon.jit
+def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok):
+    _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok, 0)
+
+
+@gluon.jit
+def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok):
+    _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok, 1)
+
+
+@gluon.jit
+def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv):
+    """Both indptr arrays start at 0, end at their row count and never decrease (ragged_batch.
+    is_partition). Not: the kernel computes nothing, and the FA-2 kernel launched after it takes
+    the malformed batch (its own checks and NaN rows)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ok = (gl.load(qo_indptr) == 0) & (gl.load(qo_indptr + num_seqs) == total_q)
+    ok = ok & (gl.load(kv_indptr) == 0) & (gl.load(kv_indptr + num_seqs) == total_kv)
+    for base in range(0, num_seqs, 128):
+        i = base + gl.arange(0, 128, layout=layout)
+        in_batch = i < num_seqs
+        q_step = gl.load(qo_indptr + i + 1, mask=in_batch, other=0) - gl.load(
+            qo_indptr + i, mask=in_batch, other=0)
+        kv_step = gl.load(kv_indptr + i + 1, mask=in_batch, other=0) - gl.load(
+            kv_indptr + i, mask=in_batch, other=0)
+        ok = ok & (gl.min(gl.minimum(q_step, kv_step), axis=0) >= 0)
+    return ok
+
+
+@gluon.jit
+def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
+                     num_seqs, total_q, total_kv, v_row_stride, out_row_stride, qk_scale, causal,
+                     pingpong, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+                     PRODUCER_REGISTERS: gl.constexpr):
+    """gluon_padded_fwd's structure over a ragged batch: q_desc views q as [total_q, heads x
+    HEAD_DIM] in 64-row halves, k_desc / v_desc view k / v as [total_kv, heads x HEAD_DIM] in
+    tiles of BLOCK_N keys; v_ptr is v itself, for the tail copies (v_row_stride elements a
+    token). Writes out [total_q, 32, 128] (out_row_stride a token) and lse [total_q, 32]."""
+    gl.static_assert(BLOCK_M == 2 * HALF_M)
+    gl.static_assert(BLOCK_N == KV_BLOCK)
+    gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
+    num_slots = total_q // BLOCK_M + num_seqs
+    batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv).to(gl.int32)
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    mbarrier.init(q_full, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(turns.index(0), count=1)
+    mbarrier.init(turns.index(1), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)
+        mbarrier.init(v_full.index(s), count=1)
+        mbarrier.init(v_empty.index(s), count=2)
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok)
+    gl.warp_specialize(
+        [
+            (_ragged_consumer_0, consumer_args),
+            (_ragged_consumer_1, consumer_args),
+            (_ragged_producer, (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem,
+                                v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                                qo_indptr, kv_indptr, num_seqs, num_slots, total_kv, causal,
+                                batch_ok)),
+        ],
+        [4, 1],
+        [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
+    )
+
+
 def tma_readable(x) -> bool:
     """Whether TMA can read x [batch, seq, heads, HEAD_DIM] as [batch, seq, heads x HEAD_DIM]
     with x's own strides (a slice of a fused QKV projection keeps its token stride): unit steps
@@ -343,6 +647,14 @@ def _layouts(dtype: torch.dtype) -> tuple:
     element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
     return (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, HEAD_DIM], element),
             gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], element))
+
+
+@functools.lru_cache(maxsize=None)
+def _ragged_layouts(dtype: torch.dtype) -> tuple:
+    """The ragged kernel's: Q's half tiles and flat K / V tiles."""
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, HEAD_DIM], element),
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], element))
 
 
 def _descriptor(base, shape, strides, block_shape, layout) -> TensorDescriptor:
@@ -379,3 +691,26 @@ def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong=False) -
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
     return (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale, int(causal),
             int(pingpong))  # fmt: skip
+
+
+def ragged_grid(batch: int, total_q: int, num_sms: int) -> tuple:
+    """The ragged kernel's persistent grid (plan time)."""
+    items = (total_q // BLOCK_M + batch) * NUM_HEADS
+    return (min(items, num_sms),)
+
+
+def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
+                       pingpong=False) -> tuple:  # fmt: skip
+    """The run-time arguments of gluon_ragged_fwd for q [total_q, 32, 128], k / v [total_kv, 8,
+    128] (tma_readable rows), out [total_q, 32, 128], lse [total_q, 32] and the indptr arrays
+    of `batch` sequences. qk_scale holds log2(e)."""
+    q_layout, kv_layout = _ragged_layouts(q.dtype)
+    total_q, total_kv, columns = q.shape[0], k.shape[0], NUM_KV_HEADS * HEAD_DIM
+    q_desc = _descriptor(q, [total_q, NUM_HEADS * HEAD_DIM], [q.stride(0), 1],
+                         [BLOCK_M // 2, HEAD_DIM], q_layout)  # fmt: skip
+    k_desc = _descriptor(k, [total_kv, columns], [k.stride(0), 1], [BLOCK_N, HEAD_DIM],
+                         kv_layout)  # fmt: skip
+    v_desc = _descriptor(v, [total_kv, columns], [v.stride(0), 1], [BLOCK_N, HEAD_DIM],
+                         kv_layout)  # fmt: skip
+    return (q_desc, k_desc, v_desc, v, out, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
+            v.stride(0), out.stride(0), qk_scale, 1, int(pingpong))  # fmt: skip

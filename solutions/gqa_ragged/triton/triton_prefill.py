@@ -87,7 +87,8 @@ def _launch(grid, meta, runners, args) -> None:
 
 
 def _attention_constexprs(meta: dict) -> dict:
-    return dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, HEAD_DIM=HEAD_DIM, **meta)
+    return {"MALFORMED_ONLY": False, "NUM_HEADS": NUM_HEADS, "NUM_KV_HEADS": NUM_KV_HEADS,
+            "HEAD_DIM": HEAD_DIM, **meta}  # fmt: skip
 
 
 def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
@@ -257,6 +258,11 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     band min(p + 1, window_left + 1) never shrinking along the sequence."""
     batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
     check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
+    if not (config or window) and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
+        # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
+        fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK)
+        grid = gluon_attention.ragged_grid(batch, total_q, _sm_count(q.device))
+        return GluonRaggedPlan((batch, total_q, total_kv, grid, fa2, {}))
     tokens_per_seq = total_q / max(batch, 1)
     meta = dict(
         config
@@ -270,8 +276,8 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=window, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
-    meta["KV_SPLITS"] = 1 if window else _plan_splits(meta, tokens_per_seq, batch, total_kv,
-                                                      q.device)  # fmt: skip
+    meta["KV_SPLITS"] = 1 if window or meta.get("MALFORMED_ONLY") else _plan_splits(
+        meta, tokens_per_seq, batch, total_kv, q.device)  # fmt: skip
     return _split_grid(meta, grid), meta, batch, total_q, total_kv, {}
 
 
@@ -324,6 +330,11 @@ def _strides(q, k, v) -> dict:
                 V_TOKEN_STRIDE=token_stride(v))  # fmt: skip
 
 
+class GluonRaggedPlan(tuple):
+    """A ragged call's plan for the Gluon kernel: (batch, total_q, total_kv, grid, the FA-2
+    plan for malformed batches, runners)."""
+
+
 class GluonPlan(tuple):
     """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
     grid, runners)."""
@@ -333,6 +344,26 @@ class GluonPlan(tuple):
 # its launch costs ~13 us more host time than the FA-2 kernel's (three TMA descriptors encoded),
 # which flashinfer-bench counts; below, that outweighs its faster kernel (TUNING.md, "Gluon").
 GLUON_MIN_TOKENS = 1024
+
+
+def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
+    """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v, int32
+    output offsets, sequences of GLUON_MIN_TOKENS queries on average."""
+    if gluon_attention is None or INTERPRET or q.device.type != "cuda":
+        return False
+    if tokens_per_seq < GLUON_MIN_TOKENS or total_kv == 0:
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    if not all(gluon_attention.tma_readable(x[None]) for x in (q, k, v)):
+        return False
+    return q.shape[0] * out.stride(0) < 2**31
+
+
+# The FA-2 plan that follows the Gluon kernel: malformed batches only, one program a 16-token
+# tile (it only poisons rows and computes the well-formed sequences of a malformed batch).
+_GLUON_FALLBACK = dict(HEADS_PER_TILE=4, BLOCK_M=64, BLOCK_N=64, ROW_BLOCKS=1, num_warps=4,
+                       num_stages=2, MALFORMED_ONLY=True)  # fmt: skip
 
 
 def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
@@ -453,6 +484,13 @@ def _positive_scale(q, sm_scale) -> tuple:
 
 def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left=None):
     """window_left: an int in [0, total_kv) for a window plan, None for any other."""
+    if isinstance(plan, GluonRaggedPlan):
+        batch, total_q, total_kv, grid, fa2, runners = plan
+        args = gluon_attention.ragged_launch_args(q, k, v, output, lse, qo_indptr, kv_indptr,
+                                                  batch, sm_scale * LOG2_E)  # fmt: skip
+        _cached_launch(gluon_attention.gluon_ragged_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
+                       runners, q.get_device(), args)  # fmt: skip
+        plan = fa2  # does nothing unless the batch is malformed
     grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write

@@ -77,8 +77,10 @@ def ragged_kv(dims) -> SimpleNamespace:
         readable = T.if_then_else(kv_row >= 0, T.min(keys, V.shape[0] - kv_row), 0)
         row_bytes = T.Cast("uint32", V.strides[0]) * T.uint32(2)
         rows = 32 // chunks
-        # Unrolled by 2: 16.5 instructions a row (22 rolled; by 4 or whole it spills at 24).
-        for i in T.unroll(block_N // rows, annotations={"pragma_unroll_factor": 2}):
+        # 128-key tiles unrolled by 2: 16.5 instructions a row (22 rolled; by 4 or whole it
+        # spills at 24 registers); the non-causal program's 176-key tiles spilled 4 bytes at 2.
+        unroll = 2 if block_N <= 128 else 1
+        for i in T.unroll(block_N // rows, annotations={"pragma_unroll_factor": unroll}):
             slot = i * rows + row
             T.call_extern(
                 "handle", "tl_gather_row16",

@@ -91,15 +91,19 @@ GLUON_CASES = [
 ]
 
 
-@pytest.fixture
-def gluon_solution(monkeypatch):
-    """triton_mini with the Gluon path taken from 1 query and key on (fresh plans: none cached
-    earlier for the FA-2 kernel)."""
-    runnable = build_solution("triton_mini")
+def _gluon_from_one_token(monkeypatch, name: str, plans: str) -> tuple:
+    """(solution `name`, its entry module) with the Gluon path taken from 1 query (and key) a
+    sequence on, its plan cache `plans` fresh (none cached earlier for the FA-2 kernel)."""
+    runnable = build_solution(name)
     module = entry_module(runnable)
     monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
-    monkeypatch.setattr(module, "_padded_plans", module.PlanCache())
+    monkeypatch.setattr(module, plans, module.PlanCache())
     return runnable, module
+
+
+@pytest.fixture
+def gluon_solution(monkeypatch):
+    return _gluon_from_one_token(monkeypatch, "triton_mini", "_padded_plans")
 
 
 @gpu
@@ -124,13 +128,10 @@ def test_gluon_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_solution
     zeros there, not sequence 1's keys, whose NaN would reach P V through 0 x NaN."""
     case = PaddedCase(2, 1100, 1100, False)
     runnable, module = gluon_solution
-    q, k, v, causal = make_inputs(case, "cuda", seed=3)
-    v[1, :200] = float("nan")
-    k[1, :200] = float("nan")
-    out = run_runnable(runnable, case, [q, k, v, causal])[0]
-    assert isinstance(module._plan_padded(q, k, v, causal, out), module.GluonPlan)
-    expected = reference_outputs(PaddedCase(1, 1100, 1100, False), [q[:1], k[:1], v[:1], causal])
-    check_outputs([out[:1]], expected, names=("out",))
+    inputs, expected, rows = nan_neighbour_inputs(case, "cuda", seed=3)
+    out = run_runnable(runnable, case, inputs)[0]
+    assert isinstance(module._plan_padded(*inputs, out), module.GluonPlan)
+    check_outputs([out[rows]], [expected[0][rows]], names=("out",))
     assert out[1].isnan().all()  # sequence 1 itself sees its NaN
 
 
@@ -149,12 +150,7 @@ GLUON_RAGGED_CASES = [
 
 @pytest.fixture
 def gluon_ragged_solution(monkeypatch):
-    """triton_ragged with the Gluon path taken from 1 query a sequence on (fresh plans)."""
-    runnable = build_solution("triton_ragged")
-    module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
-    monkeypatch.setattr(module, "_ragged_plans", module.PlanCache())
-    return runnable, module
+    return _gluon_from_one_token(monkeypatch, "triton_ragged", "_ragged_plans")
 
 
 def _assert_gluon_ragged_plan(module, inputs):
@@ -283,7 +279,7 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     ga = module.gluon_attention
     fa2 = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
                               config=module._GLUON_FALLBACK)  # fmt: skip
-    plan = module.GluonRaggedPlan((2, 1000, 1400, ga.ragged_grid(2, 1000, 132), fa2, {}))
+    plan = module.GluonRaggedPlan((2, ga.ragged_grid(2, 1000, 132), fa2, {}))
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
     (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
         launches

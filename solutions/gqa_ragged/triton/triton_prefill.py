@@ -262,7 +262,7 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
         fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK)
         grid = gluon_attention.ragged_grid(batch, total_q, _sm_count(q.device))
-        return GluonRaggedPlan((batch, total_q, total_kv, grid, fa2, {}))
+        return GluonRaggedPlan((batch, grid, fa2, {}))
     tokens_per_seq = total_q / max(batch, 1)
     meta = dict(
         config
@@ -331,8 +331,8 @@ def _strides(q, k, v) -> dict:
 
 
 class GluonRaggedPlan(tuple):
-    """A ragged call's plan for the Gluon kernel: (batch, total_q, total_kv, grid, the FA-2
-    plan for malformed batches, runners)."""
+    """A ragged call's plan for the Gluon kernel: (batch, grid, the FA-2 plan for malformed
+    batches, runners)."""
 
 
 class GluonPlan(tuple):
@@ -485,7 +485,7 @@ def _positive_scale(q, sm_scale) -> tuple:
 def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left=None):
     """window_left: an int in [0, total_kv) for a window plan, None for any other."""
     if isinstance(plan, GluonRaggedPlan):
-        batch, total_q, total_kv, grid, fa2, runners = plan
+        batch, grid, fa2, runners = plan
         args = gluon_attention.ragged_launch_args(q, k, v, output, lse, qo_indptr, kv_indptr,
                                                   batch, sm_scale * LOG2_E)  # fmt: skip
         _cached_launch(gluon_attention.gluon_ragged_fwd, grid, lambda: gluon_attention.CONSTEXPRS,

@@ -2,7 +2,7 @@
 for sm_90a without a GPU and print its SASS (tests/test_triton_gluon.py reads it; also how to
 look at what ptxas made of a change).
 
-    python scripts/gluon_sass.py fp16|bf16 [ragged] > kernel.sass
+    python scripts/gluon_sass.py fp16|bf16 [ragged|window] > kernel.sass
 
 Run with TRITON_INTERPRET unset: in the interpreter, triton's own jit functions (gl.max,
 gl.cdiv, ...) are interpreted ones that a compiled Gluon kernel cannot call.
@@ -30,9 +30,10 @@ def load_kernel_module():
     return module
 
 
-def compile_sm90a(dtype: str, ragged: bool = False):
+def compile_sm90a(dtype: str, ragged: bool = False, window: bool = False):
     """The compiled kernel for q / k / v / out of dtype ("fp16" or "bf16"): gluon_padded_fwd, or
-    gluon_ragged_fwd (ragged)."""
+    gluon_ragged_fwd (ragged; window: with WINDOW, the sliding window's)."""
+    ragged = ragged or window
     ga = load_kernel_module()
     element = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([ga.BLOCK_M // 2, ga.HEAD_DIM], element)
@@ -49,7 +50,7 @@ def compile_sm90a(dtype: str, ragged: bool = False):
             "v_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "qo_indptr": "*i32",
             "kv_indptr": "*i32", "num_seqs": "i32", "total_q": "i32", "total_kv": "i32",
             "v_row_stride": "i32", "out_row_stride": "i32", "qk_scale": "fp32", "causal": "i32",
-            "pingpong": "i32",
+            "pingpong": "i32", "window_left": "i32",
         })  # fmt: skip
     else:
         signature.update({
@@ -60,6 +61,8 @@ def compile_sm90a(dtype: str, ragged: bool = False):
                       BLOCK_N=ga.BLOCK_N, HEAD_DIM=ga.HEAD_DIM, STAGES=ga.STAGES,
                       CONSUMER_REGISTERS=ga.CONSUMER_REGISTERS,
                       PRODUCER_REGISTERS=ga.PRODUCER_REGISTERS)  # fmt: skip
+    if window:
+        constexprs["WINDOW"] = True
     signature.update({name: "constexpr" for name in constexprs})
     kernel = ga.gluon_ragged_fwd if ragged else ga.gluon_padded_fwd
     # What the JIT specializes at run time on a ragged call: 16-byte pointers (check_placement)
@@ -82,4 +85,5 @@ def sass(compiled) -> str:
 
 if __name__ == "__main__":
     dtype = sys.argv[1] if len(sys.argv) > 1 else "fp16"
-    print(sass(compile_sm90a(dtype, ragged="ragged" in sys.argv[2:])))
+    print(sass(compile_sm90a(dtype, ragged="ragged" in sys.argv[2:],
+                             window="window" in sys.argv[2:])))

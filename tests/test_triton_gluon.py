@@ -13,6 +13,7 @@ import torch
 from prefill_bundle import REPO_ROOT
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
+    MALFORMED_SWA_BATCHES,
     PaddedCase,
     RaggedCase,
     build_solution,
@@ -52,17 +53,8 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype)
     sass = _sass(dtype)
     assert sass.count("HGMMA.64x128x16.F32") == 96  # 2 warpgroups x (8 + 2 x 16 + 8)
     assert "USETMAXREG" in sass and "UTMALDG" in sass
-    events = []
-    for line in sass.splitlines():
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-            events.append("wait_s")
-        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
-            events.append("wait_all")
-        elif "MUFU.EX2" in line:
-            events.append("exp")
-    loops = re.findall(r"wait_s((?: exp)*) wait_all", " ".join(events))
-    assert len(loops) == 4, events
-    assert all(body.count("exp") >= 64 for body in loops), [b.count("exp") for b in loops]
+    loops = _kv_loops(sass)
+    assert len(loops) == 4 and min(loops) >= 64, loops
 
 
 def test_gluon_ragged_kernel_compiles_for_sm90a_with_its_v_tail_copy():
@@ -72,6 +64,33 @@ def test_gluon_ragged_kernel_compiles_for_sm90a_with_its_v_tail_copy():
     sass = _sass("bf16", "ragged")
     assert sass.count("HGMMA.64x128x16.F32") == 96
     assert "USETMAXREG" in sass and "UTMALDG" in sass
+    assert sass.count("LDGSTS.E.BYPASS.128") == 64
+    assert "ARRIVES.LDGSTSBAR" in sass
+
+
+def _kv_loops(sass: str) -> list:
+    """The exponentials of each K/V loop whose softmax runs between the wait for S (DEPBAR <= 1)
+    and the wait for P V (DEPBAR <= 0)."""
+    events = []
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            events.append("wait_s")
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            events.append("wait_all")
+        elif "MUFU.EX2" in line:
+            events.append("exp")
+    return [body.count("exp") for body in re.findall(r"wait_s((?: exp)*) wait_all",
+                                                     " ".join(events))]  # fmt: skip
+
+
+def test_gluon_window_kernel_compiles_for_sm90a_with_three_loops_a_warpgroup():
+    """The ragged kernel with WINDOW: per consumer warpgroup a masked loop for the band's left
+    edge, the unmasked one inside the band and a masked one from the diagonal (6 loops, each
+    with the softmax between its two waits), the V tail copy as without the window."""
+    sass = _sass("bf16", "window")
+    assert sass.count("HGMMA.64x128x16.F32") == 128  # 2 warpgroups x (8 + 3 x 16 + 8)
+    loops = _kv_loops(sass)
+    assert len(loops) == 6 and min(loops) >= 64, loops
     assert sass.count("LDGSTS.E.BYPASS.128") == 64
     assert "ARRIVES.LDGSTSBAR" in sass
 
@@ -205,6 +224,98 @@ def test_gluon_ragged_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_ragg
     check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
 
 
+# ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------
+
+GLUON_WINDOW_CASES = [
+    RaggedCase((3000, 2048), (3000, 9000), window_left=127),  # band edges inside key tiles
+    RaggedCase((3000, 2048), (3000, 9000), torch.float16, window_left=128),
+    RaggedCase((1000, 700, 300), (1000, 1500, 300), window_left=0),  # the diagonal alone
+    RaggedCase((1000, 700, 300), (1000, 1500, 300), window_left=1),
+    RaggedCase((4500, 37), (3000, 4000), window_left=300),  # rows that see no key
+    RaggedCase((1000, 1, 0, 2048), (1000, 1, 0, 2048), window_left=64),  # empty, 1-token
+    RaggedCase((300, 129, 5), (0, 700, 5), window_left=200),  # a sequence without keys
+    RaggedCase((2048, 1), (16384, 5000), sm_scale=-0.3, window_left=1000),  # chunk over a prefix
+    RaggedCase((1500, 2500), (1500, 2500), window_left=2000),  # wider than sequence 0
+]
+
+
+@pytest.fixture
+def gluon_window_solution(monkeypatch):
+    runnable = build_solution("triton_swa")
+    module = entry_module(runnable)
+    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "_window_plans", module.PlanCache())
+    return runnable, module
+
+
+def _assert_gluon_window_plan(module, inputs):
+    q, k, v, qo_indptr, kv_indptr, *_ = inputs
+    output, lse = torch.empty_like(q), torch.empty(q.shape[:2], device=q.device)
+    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, window=True)
+    assert isinstance(plan, module.GluonRaggedPlan) and plan[4]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["contiguous", "fused_qkv"])
+@pytest.mark.parametrize("case", GLUON_WINDOW_CASES, ids=lambda c: c.id)
+def test_gluon_window_path_matches_the_reference(gluon_window_solution, case, fused):
+    """Output and LSE of every row against the fp32 reference (outputs poisoned first); the
+    cases share one compiled kernel, each with its own window_left."""
+    runnable, module = gluon_window_solution
+    inputs = make_inputs(case, "cuda", seed=13)
+    if fused:
+        inputs = fused_qkv_inputs(inputs)
+    _assert_gluon_window_plan(module, inputs)
+    actual = run_runnable(runnable, case, inputs)
+    check_outputs(actual, reference_outputs(case, inputs))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("window_left", [0, 100, 129, 700])
+def test_gluon_window_path_reads_only_the_band_tiles(gluon_window_solution, window_left):
+    """Keys before the first 128-key tile an item's band meets are NaN in K and V: a read of one
+    shows (an unmasked logit or a masked tile's 0 x NaN). 256 queries over 4096 keys: most of
+    the keys stay unread, the outputs still match the clean reference."""
+    runnable, module = gluon_window_solution
+    case = RaggedCase((256,), (4096,), window_left=window_left)
+    inputs = make_inputs(case, "cuda", seed=17)
+    expected = reference_outputs(case, inputs)
+    first_read = (4096 - 256 - window_left) // 128 * 128  # item 0's first row's band
+    for x in inputs[1:3]:
+        x[:first_read] = float("nan")
+    assert first_read >= 2048
+    _assert_gluon_window_plan(module, inputs)
+    check_outputs(run_runnable(runnable, case, inputs), expected)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_window_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_window_solution):
+    runnable, module = gluon_window_solution
+    case = RaggedCase((1000, 700, 300), (1000, 1500, 300), window_left=300)
+    inputs, expected, rows = nan_neighbour_inputs(case, "cuda", seed=5)
+    _assert_gluon_window_plan(module, inputs)
+    actual = run_runnable(runnable, case, inputs)
+    check_outputs([x[rows] for x in actual], [x[rows] for x in expected])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", MALFORMED_SWA_BATCHES, ids=lambda b: b.id)
+def test_gluon_window_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_window_solution,
+                                                                      batch):  # fmt: skip
+    runnable, module = gluon_window_solution
+    inputs = malformed_inputs(batch, "cuda", seed=3)
+    _assert_gluon_window_plan(module, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
+    runnable(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+
+
 def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):
     """A triton without Gluon (or without an API the kernel uses) still runs every definition
     on the FA-2 kernel: triton_prefill imports with gluon_attention None and run_padded gives
@@ -279,7 +390,7 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     ga = module.gluon_attention
     fa2 = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
                               config=module._GLUON_FALLBACK)  # fmt: skip
-    plan = module.GluonRaggedPlan((2, ga.ragged_grid(2, 1000, 132), fa2, {}))
+    plan = module.GluonRaggedPlan((2, ga.ragged_grid(2, 1000, 132), fa2, {}, False))
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
     (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
         launches
@@ -295,6 +406,19 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
                                                                   [128, 128])  # fmt: skip
     assert v_desc.base is v and args[3] is v
     assert args[4:] == (output, lse, qo_indptr, kv_indptr, 2, 1000, 1400, width, 4096,
-                        sm_scale * module.LOG2_E, 1, 0)  # fmt: skip
+                        sm_scale * module.LOG2_E, 1, 0, -1)  # fmt: skip
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
+    assert not fa2_constexprs()["WINDOW"]
     assert fa2_args[:7] == (q, k, v, output, lse, qo_indptr, kv_indptr)
+    assert fa2_args[-1] is None
+
+    # The window's plan: the WINDOW kernel with window_left, the FA-2 window kernel after it.
+    launches.clear()
+    fa2 = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
+                              config=module._GLUON_FALLBACK, window=True)  # fmt: skip
+    plan = module.GluonRaggedPlan((2, ga.ragged_grid(2, 1000, 132), fa2, {}, True))
+    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, 37)
+    (kernel, _, constexprs, _, _, args), (_, _, fa2_constexprs, _, _, fa2_args) = launches
+    assert kernel is ga.gluon_ragged_fwd and constexprs() == dict(ga.CONSTEXPRS, WINDOW=True)
+    assert args[-1] == 37 and fa2_args[-1] == 37
+    assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]

@@ -117,14 +117,17 @@ def _order_after(x):
 
 @gluon.jit
 def _softmax_step(scores, m_i, l_i, i, seq_kv, qk_scale, cols, last_key, causal,
-                  MASKED: gl.constexpr):
+                  MASKED: gl.constexpr, first_key=None, WINDOW: gl.constexpr = False):
     """The online softmax of key tile i (exp2; qk_scale holds log2(e)). MASKED: keys past
-    seq_kv and, when causal, past a row's last visible key (last_key) are -inf, and a row that
-    has seen no key keeps max -inf and subtracts 0 (exp2(-inf - -inf) would be NaN). Unmasked
-    tiles are whole for every row: no select, every row's max finite."""
+    seq_kv and, when causal, past a row's last visible key (last_key) are -inf (WINDOW: before
+    its first, first_key, too), and a row that has seen no key keeps max -inf and subtracts 0
+    (exp2(-inf - -inf) would be NaN). Unmasked tiles are whole for every row: no select, every
+    row's max finite."""
     if MASKED:
         keys = i * KV_BLOCK + cols
         visible = (keys < seq_kv)[None, :] & ((causal == 0) | (keys[None, :] <= last_key[:, None]))
+        if WINDOW:
+            visible = visible & (keys[None, :] >= first_key[:, None])
         scores = gl.where(visible, scores, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(scores, axis=1) * qk_scale)
     if MASKED:
@@ -140,11 +143,11 @@ def _softmax_step(scores, m_i, l_i, i, seq_kv, qk_scale, cols, last_key, causal,
 @gluon.jit
 def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, acc, p, alpha,
               m_i, l_i, base, begin, end, seq_kv, qk_scale, cols, last_key, causal, wg,
-              pingpong, MASKED: gl.constexpr):
-    """Key tiles begin + 1 .. end of the item whose tile 0 is the ring's tile `base`: S[i + 1]
-    issued before P[i] V[i], S waited for alone, its softmax while P[i] V[i] runs. pingpong:
-    the warpgroups take turns issuing, a turn a tile (turns[wg] waited, the other's
-    arrived)."""
+              pingpong, MASKED: gl.constexpr, first_key=None, WINDOW: gl.constexpr = False):
+    """Key tiles begin + 1 .. end of the item whose key tile i is the ring's tile base + i:
+    S[i + 1] issued before P[i] V[i], S waited for alone, its softmax while P[i] V[i] runs.
+    pingpong: the warpgroups take turns issuing, a turn a tile (turns[wg] waited, the other's
+    arrived). first_key, WINDOW: _softmax_step's."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -169,7 +172,7 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, a
         scores = hopper.warpgroup_mma_wait(num_outstanding=1, deps=[scores])
         mbarrier.arrive(k_empty.index(next_stage))
         p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, i + 1, seq_kv, qk_scale, cols,
-                                           last_key, causal, MASKED)
+                                           last_key, causal, MASKED, first_key, WINDOW)
         _order_after(l_i)
         acc = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(v_empty.index(stage))
@@ -193,7 +196,8 @@ def _index_ranges():
 def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                   turns, out_ptr, lse_ptr, out_row0, m0, seq_q, seq_kv, shift, num_tiles, head,
                   tile, count, qk_scale, out_row_stride, causal, pingpong, wg, cols, rows, dims,
-                  RAGGED: gl.constexpr):
+                  RAGGED: gl.constexpr, first_tile=0, window_left=-1,
+                  WINDOW: gl.constexpr = False):
     """One consumer warpgroup's part of an item: query rows m0 .. m0 + 63 of a sequence of
     seq_q queries and seq_kv keys (its token 0 at out row out_row0), head `head`, num_tiles key
     tiles from the ring's tile `tile`, the item's Q the count-th. Tile 0 and the tiles from the
@@ -202,7 +206,10 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     producer loads the next item's meanwhile. shift: seq_kv - seq_q (bottom-right: query row r
     sees keys up to r + shift); cols, rows, dims: _index_ranges (the caller's, hoisted out of its
     item loop). RAGGED: the last tile's V may come from cp.async (a fence before its P V), and
-    the rows' LSE (base 2) are stored."""
+    the rows' LSE (base 2) are stored. WINDOW (causal): a row sees the keys from its last one
+    minus window_left; the item's num_tiles key tiles start at first_tile (the band's first),
+    and the tiles some row of the warpgroup sees only in part on the band's left edge run
+    masked too."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -217,6 +224,19 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     whole_tiles = seq_kv // KV_BLOCK
     if causal != 0:
         whole_tiles = gl.minimum(whole_tiles, gl.maximum(m0 + shift + 1, 0) // KV_BLOCK)
+    if WINDOW:
+        first_key = last_key - window_left
+        # Key tile i is the ring's tile base + i: base = tile - first_tile, moved up by a
+        # multiple of 2 x RING (stage and phase alike) to stay >= 0.
+        base = tile + (2 * RING - first_tile % (2 * RING)) % (2 * RING)
+        # From this tile on, every row of the warpgroup sees whole tiles on the left.
+        left_whole = (gl.maximum(m0 + HALF_M - 1 + shift - window_left, 0) + KV_BLOCK - 1
+                      ) // KV_BLOCK  # fmt: skip
+        last_tile = first_tile + num_tiles - 1
+        edge = gl.minimum(gl.maximum(left_whole - 1, first_tile), last_tile)
+    else:
+        first_key = None
+        base = tile
     mbarrier.wait(q_full, count & 1)
     if num_tiles > 0:
         stage = tile % RING
@@ -230,17 +250,38 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
             mbarrier.arrive(turns.index(wg ^ 1))
         scores = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[scores])
         mbarrier.arrive(k_empty.index(stage))
-        p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols,
-                                           last_key, causal, True)
-        split = gl.maximum(whole_tiles - 1, 0)
-        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                            v_empty, turns, acc, p, alpha, m_i, l_i, tile, 0,
-                                            split, seq_kv, qk_scale, cols, last_key, causal,
-                                            wg, pingpong, False)
-        acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
-                                            v_empty, turns, acc, p, alpha, m_i, l_i, tile,
-                                            split, num_tiles - 1, seq_kv, qk_scale, cols,
-                                            last_key, causal, wg, pingpong, True)
+        if WINDOW:
+            p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, first_tile, seq_kv, qk_scale,
+                                               cols, last_key, causal, True, first_key, True)
+            # Masked up to the left edge's last tile, unmasked inside the band, masked from the
+            # diagonal's first tile (as below, after the edge).
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, base,
+                                                first_tile, edge, seq_kv, qk_scale, cols,
+                                                last_key, causal, wg, pingpong, True, first_key,
+                                                True)  # fmt: skip
+            split = gl.minimum(gl.maximum(whole_tiles - 1, edge), last_tile)
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, base,
+                                                edge, split, seq_kv, qk_scale, cols, last_key,
+                                                causal, wg, pingpong, False)  # fmt: skip
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, base,
+                                                split, last_tile, seq_kv, qk_scale, cols,
+                                                last_key, causal, wg, pingpong, True, first_key,
+                                                True)  # fmt: skip
+        else:
+            p, alpha, m_i, l_i = _softmax_step(scores, m_i, l_i, 0, seq_kv, qk_scale, cols,
+                                               last_key, causal, True)
+            split = gl.maximum(whole_tiles - 1, 0)
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, tile, 0,
+                                                split, seq_kv, qk_scale, cols, last_key, causal,
+                                                wg, pingpong, False)
+            acc, p, alpha, m_i, l_i = _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full,
+                                                v_empty, turns, acc, p, alpha, m_i, l_i, tile,
+                                                split, num_tiles - 1, seq_kv, qk_scale, cols,
+                                                last_key, causal, wg, pingpong, True)
         mbarrier.arrive(q_empty)  # the item's last S is done: Q is free
         last = (tile + num_tiles - 1) % RING
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -427,10 +468,13 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_str
 
 
 @gluon.jit
-def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal):
-    """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles) of its row
-    block m0 .. m0 + 127 of one sequence (num_tiles 0: a spare slot). Slots run last first (a
-    sequence's last row blocks see the most keys when causal), the 32 heads of a slot together."""
+def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left=-1,
+                 WINDOW: gl.constexpr = False):
+    """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile) of
+    its row block m0 .. m0 + 127 of one sequence: num_tiles key tiles from first_tile (0
+    tiles: a spare slot). Slots run last first (a sequence's last row blocks see the most keys
+    when causal), the 32 heads of a slot together. WINDOW (causal): the tiles from the one that
+    holds the block's first row's first key (its position minus window_left)."""
     slot = num_slots - 1 - item // Q_HEADS
     head = item % Q_HEADS
     lo = 0
@@ -452,7 +496,12 @@ def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal):
         num_tiles = gl.maximum(gl.minimum(num_tiles, (last_key + KV_BLOCK) // KV_BLOCK), 0)
     if m0 >= q_len:
         num_tiles = 0
-    return head, q_start, q_len, kv_start, kv_len, m0, num_tiles
+    if WINDOW:
+        first_tile = gl.maximum(m0 + kv_len - q_len - window_left, 0) // KV_BLOCK
+        num_tiles = gl.maximum(num_tiles - first_tile, 0)
+    else:
+        first_tile = 0
+    return head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile
 
 
 @gluon.jit
@@ -470,17 +519,17 @@ def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
 
 
 @gluon.jit
-def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok):
+def _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                  num_slots, total_kv, causal, batch_ok, window_left, WINDOW: gl.constexpr):
     """The padded producer's loads for ragged items (_ragged_item), at flat coordinates; V's
     last tile of a sequence that is not the batch's last by _gather_v when it is partial."""
     if batch_ok != 0:
         tile = 0
         count = 0
         for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-            head, q_start, q_len, kv_start, kv_len, m0, num_tiles = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
             q_row = q_start + m0
             mbarrier.wait(q_empty, (count & 1) ^ 1)
             mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
@@ -493,13 +542,13 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
             for i in range(num_tiles):
                 stage = (tile + i) % RING
                 phase = ((tile + i) // RING) & 1
-                kv_row = kv_start + i * KV_BLOCK
+                kv_row = kv_start + (first_tile + i) * KV_BLOCK
                 mbarrier.wait(k_empty.index(stage), phase ^ 1)
                 mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], k_full.index(stage),
                                                 k_smem.index(stage))
                 mbarrier.wait(v_empty.index(stage), phase ^ 1)
-                keys = kv_len - i * KV_BLOCK
+                keys = kv_len - (first_tile + i) * KV_BLOCK
                 if shares_v and keys < KV_BLOCK:
                     _gather_v(v_ptr, v_row_stride, v_smem.index(stage), kv_row, keys, kv_col)
                     async_copy.mbarrier_arrive(v_full.index(stage))
@@ -513,9 +562,28 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
 
 
 @gluon.jit
+def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, total_kv, causal, batch_ok, window_left):
+    _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                  num_slots, total_kv, causal, batch_ok, window_left, False)
+
+
+@gluon.jit
+def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, total_kv, causal, batch_ok, window_left):
+    _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                  num_slots, total_kv, causal, batch_ok, window_left, True)
+
+
+@gluon.jit
 def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, wg):
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left, wg,
+                     WINDOW: gl.constexpr):
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
     row block (_consume_item), its output and LSE."""
     if batch_ok != 0:
@@ -523,12 +591,13 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
         tile = 0
         count = 0
         for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-            head, q_start, q_len, kv_start, kv_len, m0, num_tiles = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
             _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                           v_empty, turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len,
                           kv_len, kv_len - q_len, num_tiles, head, tile, count, qk_scale,
-                          out_row_stride, causal, pingpong, wg, cols, rows, dims, True)
+                          out_row_stride, causal, pingpong, wg, cols, rows, dims, True,
+                          first_tile, window_left, WINDOW)
             tile += num_tiles
             count += 1
 
@@ -536,19 +605,41 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
 @gluon.jit
 def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok, 0)
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
+                     window_left, 0, False)
 
 
 @gluon.jit
 def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok, 1)
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
+                     window_left, 1, False)
+
+
+@gluon.jit
+def _window_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
+    _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
+                     window_left, 0, True)
+
+
+@gluon.jit
+def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
+    _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
+                     window_left, 1, True)
 
 
 @gluon.jit
@@ -570,17 +661,21 @@ def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv):
     return ok
 
 
-@gluon.jit
+# window_left changes from call to call under one plan (its compiled kernel cached): not
+# specialized (a first call's 1 or multiple of 16 would be compiled in).
+@gluon.jit(do_not_specialize=["window_left"])
 def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
                      num_seqs, total_q, total_kv, v_row_stride, out_row_stride, qk_scale, causal,
-                     pingpong, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+                     pingpong, window_left, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-                     PRODUCER_REGISTERS: gl.constexpr):
+                     PRODUCER_REGISTERS: gl.constexpr, WINDOW: gl.constexpr = False):
     """gluon_padded_fwd's structure over a ragged batch: q_desc views q as [total_q, heads x
     HEAD_DIM] in 64-row halves, k_desc / v_desc view k / v as [total_kv, heads x HEAD_DIM] in
     tiles of BLOCK_N keys; v_ptr is v itself, for the tail copies (v_row_stride elements a
-    token). Writes out [total_q, 32, 128] (out_row_stride a token) and lse [total_q, 32]."""
+    token). Writes out [total_q, 32, 128] (out_row_stride a token) and lse [total_q, 32].
+    WINDOW (causal): the sliding window, window_left >= 0 (unread otherwise); an item loads
+    and computes only the key tiles that meet its rows' bands."""
     gl.static_assert(BLOCK_M == 2 * HALF_M)
     gl.static_assert(BLOCK_N == KV_BLOCK)
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
@@ -609,19 +704,21 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
         mbarrier.init(v_empty.index(s), count=2)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok)
-    gl.warp_specialize(
-        [
-            (_ragged_consumer_0, consumer_args),
-            (_ragged_consumer_1, consumer_args),
-            (_ragged_producer, (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem,
-                                v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                                qo_indptr, kv_indptr, num_seqs, num_slots, total_kv, causal,
-                                batch_ok)),
-        ],
-        [4, 1],
-        [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
-    )
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left)
+    producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
+                     num_slots, total_kv, causal, batch_ok, window_left)
+    # Partitions take no constexpr: the window's are their own functions.
+    if WINDOW:
+        gl.warp_specialize([(_window_consumer_0, consumer_args),
+                            (_window_consumer_1, consumer_args),
+                            (_window_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
+    else:
+        gl.warp_specialize([(_ragged_consumer_0, consumer_args),
+                            (_ragged_consumer_1, consumer_args),
+                            (_ragged_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
 
 
 def tma_readable(x) -> bool:
@@ -639,6 +736,8 @@ def tma_readable(x) -> bool:
 CONSTEXPRS = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   HEAD_DIM=HEAD_DIM, STAGES=STAGES, CONSUMER_REGISTERS=CONSUMER_REGISTERS,
                   PRODUCER_REGISTERS=PRODUCER_REGISTERS, num_warps=4)  # fmt: skip
+# The ragged kernel's with the sliding window (run_ragged_swa).
+WINDOW_CONSTEXPRS = dict(CONSTEXPRS, WINDOW=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -700,10 +799,11 @@ def ragged_grid(batch: int, total_q: int, num_sms: int) -> tuple:
 
 
 def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
-                       pingpong=False) -> tuple:  # fmt: skip
+                       pingpong=False, window_left=None) -> tuple:  # fmt: skip
     """The run-time arguments of gluon_ragged_fwd for q [total_q, 32, 128], k / v [total_kv, 8,
     128] (tma_readable rows), out [total_q, 32, 128], lse [total_q, 32] and the indptr arrays
-    of `batch` sequences. qk_scale holds log2(e)."""
+    of `batch` sequences. qk_scale holds log2(e); window_left: an int >= 0 for the WINDOW
+    kernel, None (passed as -1) for the other."""
     q_layout, kv_layout = _ragged_layouts(q.dtype)
     total_q, total_kv, columns = q.shape[0], k.shape[0], NUM_KV_HEADS * HEAD_DIM
     q_desc = _descriptor(q, [total_q, NUM_HEADS * HEAD_DIM], [q.stride(0), 1],
@@ -713,4 +813,5 @@ def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
     v_desc = _descriptor(v, [total_kv, columns], [v.stride(0), 1], [BLOCK_N, HEAD_DIM],
                          kv_layout)  # fmt: skip
     return (q_desc, k_desc, v_desc, v, out, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
-            v.stride(0), out.stride(0), qk_scale, 1, int(pingpong))  # fmt: skip
+            v.stride(0), out.stride(0), qk_scale, 1, int(pingpong),
+            -1 if window_left is None else window_left)  # fmt: skip

@@ -258,11 +258,12 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     band min(p + 1, window_left + 1) never shrinking along the sequence."""
     batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
     check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
-    if not (config or window) and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
+    if not config and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
-        fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK)
+        fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK,
+                           window=window)  # fmt: skip
         grid = gluon_attention.ragged_grid(batch, total_q, _sm_count(q.device))
-        return GluonRaggedPlan((batch, grid, fa2, {}))
+        return GluonRaggedPlan((batch, grid, fa2, {}, window))
     tokens_per_seq = total_q / max(batch, 1)
     meta = dict(
         config
@@ -332,7 +333,7 @@ def _strides(q, k, v) -> dict:
 
 class GluonRaggedPlan(tuple):
     """A ragged call's plan for the Gluon kernel: (batch, grid, the FA-2 plan for malformed
-    batches, runners)."""
+    batches, runners, window: the kernel with the sliding window)."""
 
 
 class GluonPlan(tuple):
@@ -485,11 +486,13 @@ def _positive_scale(q, sm_scale) -> tuple:
 def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left=None):
     """window_left: an int in [0, total_kv) for a window plan, None for any other."""
     if isinstance(plan, GluonRaggedPlan):
-        batch, grid, fa2, runners = plan
+        batch, grid, fa2, runners, window = plan
         args = gluon_attention.ragged_launch_args(q, k, v, output, lse, qo_indptr, kv_indptr,
-                                                  batch, sm_scale * LOG2_E)  # fmt: skip
-        _cached_launch(gluon_attention.gluon_ragged_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
-                       runners, q.get_device(), args)  # fmt: skip
+                                                  batch, sm_scale * LOG2_E,
+                                                  window_left=window_left)  # fmt: skip
+        constexprs = gluon_attention.WINDOW_CONSTEXPRS if window else gluon_attention.CONSTEXPRS
+        _cached_launch(gluon_attention.gluon_ragged_fwd, grid, lambda: constexprs, runners,
+                       q.get_device(), args)  # fmt: skip
         plan = fa2  # does nothing unless the batch is malformed
     grid, meta, batch, total_q, total_kv, runners = plan
     if total_q == 0:

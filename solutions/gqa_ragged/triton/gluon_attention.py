@@ -736,7 +736,9 @@ def tma_readable(x) -> bool:
 CONSTEXPRS = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   HEAD_DIM=HEAD_DIM, STAGES=STAGES, CONSUMER_REGISTERS=CONSUMER_REGISTERS,
                   PRODUCER_REGISTERS=PRODUCER_REGISTERS, num_warps=4)  # fmt: skip
-# The ragged kernel's with the sliding window (run_ragged_swa).
+# The ragged kernel's, without and with the sliding window (run_ragged_swa). Every constexpr
+# named: _cached_launch passes a compiled kernel all of them, defaults included.
+RAGGED_CONSTEXPRS = dict(CONSTEXPRS, WINDOW=False)
 WINDOW_CONSTEXPRS = dict(CONSTEXPRS, WINDOW=True)
 
 

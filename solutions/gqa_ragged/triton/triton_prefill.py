@@ -490,7 +490,8 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, wi
         args = gluon_attention.ragged_launch_args(q, k, v, output, lse, qo_indptr, kv_indptr,
                                                   batch, sm_scale * LOG2_E,
                                                   window_left=window_left)  # fmt: skip
-        constexprs = gluon_attention.WINDOW_CONSTEXPRS if window else gluon_attention.CONSTEXPRS
+        constexprs = (gluon_attention.WINDOW_CONSTEXPRS if window
+                      else gluon_attention.RAGGED_CONSTEXPRS)  # fmt: skip
         _cached_launch(gluon_attention.gluon_ragged_fwd, grid, lambda: constexprs, runners,
                        q.get_device(), args)  # fmt: skip
         plan = fa2  # does nothing unless the batch is malformed

@@ -244,6 +244,7 @@ def gluon_window_solution(monkeypatch):
     runnable = build_solution("triton_swa")
     module = entry_module(runnable)
     monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_WINDOW", 0)
     monkeypatch.setattr(module, "_window_plans", module.PlanCache())
     return runnable, module
 
@@ -422,3 +423,34 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     assert kernel is ga.gluon_ragged_fwd and constexprs() == dict(ga.CONSTEXPRS, WINDOW=True)
     assert args[-1] == 37 and fa2_args[-1] == 37
     assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]
+
+
+def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
+    """run_ragged_swa on a call the Gluon kernel suits: a window below GLUON_MIN_WINDOW runs the
+    FA-2 window kernel alone (all its programs); from GLUON_MIN_WINDOW on the Gluon kernel with
+    that window_left, then the FA-2 window kernel for malformed batches only. Launches recorded
+    (CPU tensors)."""
+    runnable = build_solution("triton_swa")
+    module = entry_module(runnable)
+    launches = []
+    monkeypatch.setattr(module, "_gluon_suits", lambda *args: True)
+    monkeypatch.setattr(module, "_window_plans", module.PlanCache())
+    monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
+    monkeypatch.setattr(module, "_launch", lambda grid, meta, runners, args: launches.append(
+        ("fa2", meta, args)))  # fmt: skip
+    case = RaggedCase((300, 700), (500, 4000), window_left=0)
+    q, k, v, qo_indptr, kv_indptr, _, sm_scale = make_inputs(case, "cpu", seed=1)
+    output, lse = poisoned_outputs(case, [q])
+    width = module.GLUON_MIN_WINDOW
+    for window_left in (width - 1, width, width - 1, width + 5):
+        launches.clear()
+        runnable(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse)
+        if window_left < width:
+            (tag, meta, args), = launches
+            assert tag == "fa2" and meta["WINDOW"] and not meta.get("MALFORMED_ONLY")
+        else:
+            (kernel, _, constexprs, _, _, args), (tag, meta, fa2_args) = launches
+            assert kernel is module.gluon_attention.gluon_ragged_fwd and constexprs()["WINDOW"]
+            assert args[-1] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
+            args = fa2_args
+        assert args[-1] == window_left

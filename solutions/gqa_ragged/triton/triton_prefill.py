@@ -249,16 +249,18 @@ def _plan_padded(q, k, v, causal, out, config=None) -> tuple:
     return grid, meta, batch, seq_q, seq_kv, {}
 
 
-def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window=False) -> tuple:
+def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window=False,
+                 gluon=True) -> tuple:  # fmt: skip
     """Check shapes, dtypes and strides (once per key) and plan the launch. indptr values stay
     unread on the host: the kernel checks them (see ragged_batch.py). window: the kernel with
     the sliding window (window_left a run-time argument). Its grid and tiles are the causal
     plan's: a window changes how many key tiles a program reads, not how many programs there
     are, and the heaviest-first order (last tiles of a sequence first) still holds, a query's
-    band min(p + 1, window_left + 1) never shrinking along the sequence."""
+    band min(p + 1, window_left + 1) never shrinking along the sequence. gluon: the Gluon
+    kernel may take the call (_gluon_suits)."""
     batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
     check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
-    if not config and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
+    if gluon and not config and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
         fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK,
                            window=window)  # fmt: skip
@@ -345,6 +347,10 @@ class GluonPlan(tuple):
 # its launch costs ~13 us more host time than the FA-2 kernel's (three TMA descriptors encoded),
 # which flashinfer-bench counts; below, that outweighs its faster kernel (TUNING.md, "Gluon").
 GLUON_MIN_TOKENS = 1024
+# ... and the window plans from this window_left (16 key tiles) on: with narrower windows (1024)
+# the FA-2 window kernel measured as fast or faster (4 prompts of 1-3K: 0.91x FlashInfer against
+# the Gluon kernel's 0.84; TUNING.md, "Gluon for the sliding window").
+GLUON_MIN_WINDOW = 2048
 
 
 def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
@@ -442,27 +448,29 @@ def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output,
     if no_window:
         plan, window_left = _checked_ragged_plan(_ragged_plans, False, tensors), None
     else:
-        plan = _checked_ragged_plan(_window_plans, True, tensors)
+        long_band = window_left >= GLUON_MIN_WINDOW
+        plan = _checked_ragged_plan(_window_plans, True, tensors, gluon=long_band)
     if sm_scale <= 0:
         q, sm_scale = _positive_scale(q, sm_scale)
     launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
 
 
-def _checked_ragged_plan(plans, window, tensors) -> tuple:
+def _checked_ragged_plan(plans, window, tensors, gluon=True) -> tuple:
     """The launch plan of a ragged call (shapes, dtypes and strides checked once per key, the
-    placement on every call); window: run_ragged_swa's kernel."""
+    placement on every call); window: run_ragged_swa's kernel; gluon: _plan_ragged's (part of
+    the key)."""
     q, k, v, qo_indptr, kv_indptr, output, lse = tensors
     try:
         key = (
             q.shape, k.shape, q.stride(), k.stride(), v.stride(), qo_indptr.shape, q.dtype,
             k.dtype, v.dtype, qo_indptr.dtype, kv_indptr.dtype, output.dtype, lse.dtype,
-            v.shape, kv_indptr.shape, output.shape, lse.shape,
+            v.shape, kv_indptr.shape, output.shape, lse.shape, gluon,
         )  # fmt: skip
         plan = plans.lookup(key)
     except AttributeError:  # not a tensor
         key = plan = None
     if plan is None:
-        plan = _plan_ragged(*tensors, window=window)
+        plan = _plan_ragged(*tensors, window=window, gluon=gluon)
         if key is not None:
             plans.store(key, plan)
     else:

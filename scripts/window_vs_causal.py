@@ -37,10 +37,20 @@ def pairs(batch) -> tuple:
     return band, sum(visible_pairs(q, kv, True) for q, kv in lengths)
 
 
+def tiles(batch, backend: str) -> tuple:
+    """TILES, but Triton's Gluon kernel (128 query tokens of one head, 128 keys) where
+    triton_prefill plans it: from window_left 2048 (GLUON_MIN_WINDOW) and 1024 queries a
+    sequence on average (GLUON_MIN_TOKENS)."""
+    long_sequences = sum(batch.q_lens) >= 1024 * len(batch.q_lens)
+    if backend == "triton" and batch.window_left >= 2048 and long_sequences:
+        return 128, 128
+    return TILES[backend]
+
+
 def tile_bound(batch, backend: str, band: int, full: int) -> float:
     """The best band/causal ratio the backend's tiles allow on the batch (see the docstring);
     band, full: pairs(batch)."""
-    tokens, keys = TILES[backend]
+    tokens, keys = tiles(batch, backend)
     lengths = list(zip(batch.q_lens, batch.kv_lens))
     band_tiled = sum(tiled_pairs(q, kv, tokens, keys, batch.window_left) for q, kv in lengths)
     full_tiled = sum(tiled_pairs(q, kv, tokens, keys) for q, kv in lengths)

@@ -50,7 +50,7 @@ def compile_sm90a(dtype: str, ragged: bool = False, window: bool = False):
             "v_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "qo_indptr": "*i32",
             "kv_indptr": "*i32", "num_seqs": "i32", "total_q": "i32", "total_kv": "i32",
             "v_row_stride": "i32", "out_row_stride": "i32", "qk_scale": "fp32", "causal": "i32",
-            "pingpong": "i32", "window_left": "i32", "counter": "*i32",
+            "pingpong": "i32", "window_left": "i32",
         })  # fmt: skip
     else:
         signature.update({
@@ -68,7 +68,7 @@ def compile_sm90a(dtype: str, ragged: bool = False, window: bool = False):
     # What the JIT specializes at run time on a ragged call: 16-byte pointers (check_placement)
     # and strides that are multiples of 16 elements (TMA-readable rows).
     aligned = ("v_ptr", "out_ptr", "lse_ptr", "qo_indptr", "kv_indptr", "v_row_stride",
-               "out_row_stride", "counter") if ragged else ()  # fmt: skip
+               "out_row_stride") if ragged else ()  # fmt: skip
     names = list(signature)
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)

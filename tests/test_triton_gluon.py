@@ -224,27 +224,6 @@ def test_gluon_ragged_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_ragg
     check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
 
 
-@gpu
-@pytest.mark.gpu
-def test_gluon_ragged_item_counter_is_zero_after_every_launch(gluon_ragged_solution):
-    """The kernel draws items from a per-stream counter and its last CTA zeroes it: launches on
-    two streams, one after the other on each, give the reference's outputs, and every counter
-    reads 0 after them."""
-    runnable, module = gluon_ragged_solution
-    case = RaggedCase((1000, 700, 300), (1000, 1500, 300))
-    inputs = make_inputs(case, "cuda", seed=19)
-    expected = reference_outputs(case, inputs)
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    for stream in (torch.cuda.current_stream(), side, side, torch.cuda.current_stream()):
-        with torch.cuda.stream(stream):
-            actual = run_runnable(runnable, case, inputs)
-        stream.synchronize()
-        check_outputs(actual, expected)
-    counters = module.gluon_attention._counters
-    assert len(counters) >= 2 and all(int(c.abs().sum()) == 0 for c in counters.values())
-
-
 # ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------
 
 GLUON_WINDOW_CASES = [
@@ -409,7 +388,6 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     output, lse = torch.empty(1000, 32, 128, dtype=q.dtype), torch.empty(1000, 32)
     launches = []
     monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
-    monkeypatch.setattr(module.gluon_attention, "scheduler_counter", lambda device: "counter")
     ga = module.gluon_attention
     fa2 = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
                               config=module._GLUON_FALLBACK)  # fmt: skip
@@ -429,7 +407,7 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
                                                                   [128, 128])  # fmt: skip
     assert v_desc.base is v and args[3] is v
     assert args[4:] == (output, lse, qo_indptr, kv_indptr, 2, 1000, 1400, width, 4096,
-                        sm_scale * module.LOG2_E, 1, 0, -1, "counter")  # fmt: skip
+                        sm_scale * module.LOG2_E, 1, 0, -1)  # fmt: skip
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
     assert not fa2_constexprs()["WINDOW"]
     assert fa2_args[:7] == (q, k, v, output, lse, qo_indptr, kv_indptr)
@@ -443,7 +421,7 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, 37)
     (kernel, _, constexprs, _, _, args), (_, _, fa2_constexprs, _, _, fa2_args) = launches
     assert kernel is ga.gluon_ragged_fwd and constexprs() == dict(ga.CONSTEXPRS, WINDOW=True)
-    assert args[-2:] == (37, "counter") and fa2_args[-1] == 37
+    assert args[-1] == 37 and fa2_args[-1] == 37
     assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]
 
 
@@ -458,7 +436,6 @@ def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
     monkeypatch.setattr(module, "_gluon_suits", lambda *args: True)
     monkeypatch.setattr(module, "_window_plans", module.PlanCache())
     monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
-    monkeypatch.setattr(module.gluon_attention, "scheduler_counter", lambda device: "counter")
     monkeypatch.setattr(module, "_launch", lambda grid, meta, runners, args: launches.append(
         ("fa2", meta, args)))  # fmt: skip
     case = RaggedCase((300, 700), (500, 4000), window_left=0)
@@ -474,6 +451,6 @@ def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
         else:
             (kernel, _, constexprs, _, _, args), (tag, meta, fa2_args) = launches
             assert kernel is module.gluon_attention.gluon_ragged_fwd and constexprs()["WINDOW"]
-            assert args[-2] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
+            assert args[-1] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
             args = fa2_args
         assert args[-1] == window_left

@@ -519,37 +519,15 @@ def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
 
 
 @gluon.jit
-def _draw_item(counter, total):
-    """The producer's next item: the grid's size plus a draw from the per-stream counter
-    (int32[2]: draws, CTAs done drawing), so that SMs that drew short items take more. The
-    last CTA to draw past `total` zeroes both, so the next launch on the stream finds them at
-    0 without a memset (CUDA's next_item). The atomics are acq_rel: a CTA's draws happen before
-    its count, every CTA's count before the reset."""
-    grid = gl.num_programs(0)
-    item = grid + gl.atomic_add(counter, 1)
-    if item >= total:
-        if gl.atomic_add(counter + 1, 1) == grid - 1:
-            gl.atomic_xchg(counter, 0)
-            gl.atomic_xchg(counter + 1, 0)
-    return item
-
-
-@gluon.jit
 def _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                   q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                  item_full, item_empty, WINDOW: gl.constexpr):
+                  num_slots, total_kv, causal, batch_ok, window_left, WINDOW: gl.constexpr):
     """The padded producer's loads for ragged items (_ragged_item), at flat coordinates; V's
-    last tile of a sequence that is not the batch's last by _gather_v when it is partial. The
-    CTA's first item is its program id, each next one drawn (_draw_item) once the item's Q is
-    on its way and handed to the consumers through next_items (2 slots, item_full / _empty)."""
+    last tile of a sequence that is not the batch's last by _gather_v when it is partial."""
     if batch_ok != 0:
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        total = num_slots * Q_HEADS
         tile = 0
         count = 0
-        item = gl.program_id(0)
-        while item < total:
+        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
             head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
                 item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
             q_row = q_start + m0
@@ -558,10 +536,6 @@ def _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v
             tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
             tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
                                             q_smem.index(1))
-            item = _draw_item(counter, total)
-            mbarrier.wait(item_empty.index(count % 2), ((count // 2) & 1) ^ 1)
-            next_items.index(count % 2).store(gl.full([1], item, gl.int32, one))
-            mbarrier.arrive(item_full.index(count % 2))
             kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
             # Rows past the sequence's keys are another sequence's (or past V: TMA's zeros).
             shares_v = kv_start + kv_len < total_kv
@@ -590,41 +564,33 @@ def _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v
 @gluon.jit
 def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                     item_full, item_empty):
+                     num_slots, total_kv, causal, batch_ok, window_left):
     _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                   q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                  item_full, item_empty, False)
+                  num_slots, total_kv, causal, batch_ok, window_left, False)
 
 
 @gluon.jit
 def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                     item_full, item_empty):
+                     num_slots, total_kv, causal, batch_ok, window_left):
     _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                   q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                  item_full, item_empty, True)
+                  num_slots, total_kv, causal, batch_ok, window_left, True)
 
 
 @gluon.jit
 def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                     next_items, item_full, item_empty, wg, WINDOW: gl.constexpr):
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left, wg,
+                     WINDOW: gl.constexpr):
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
-    row block (_consume_item), its output and LSE; the CTA's items as the producer draws them
-    (_ragged_loads)."""
+    row block (_consume_item), its output and LSE."""
     if batch_ok != 0:
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         cols, rows, dims = _index_ranges()
-        total = num_slots * Q_HEADS
         tile = 0
         count = 0
-        item = gl.program_id(0)
-        while item < total:
+        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
             head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
                 item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
             _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
@@ -632,9 +598,6 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
                           kv_len, kv_len - q_len, num_tiles, head, tile, count, qk_scale,
                           out_row_stride, causal, pingpong, wg, cols, rows, dims, True,
                           first_tile, window_left, WINDOW)
-            mbarrier.wait(item_full.index(count % 2), (count // 2) & 1)
-            item = gl.max(next_items.index(count % 2).load(one), axis=0)
-            mbarrier.arrive(item_empty.index(count % 2))
             tile += num_tiles
             count += 1
 
@@ -642,45 +605,41 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
 @gluon.jit
 def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                       next_items, item_full, item_empty):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, next_items, item_full, item_empty, 0, False)
+                     window_left, 0, False)
 
 
 @gluon.jit
 def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                       next_items, item_full, item_empty):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, next_items, item_full, item_empty, 1, False)
+                     window_left, 1, False)
 
 
 @gluon.jit
 def _window_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                       next_items, item_full, item_empty):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, next_items, item_full, item_empty, 0, True)
+                     window_left, 0, True)
 
 
 @gluon.jit
 def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                       next_items, item_full, item_empty):
+                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, next_items, item_full, item_empty, 1, True)
+                     window_left, 1, True)
 
 
 @gluon.jit
@@ -707,17 +666,16 @@ def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv):
 @gluon.jit(do_not_specialize=["window_left"])
 def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
                      num_seqs, total_q, total_kv, v_row_stride, out_row_stride, qk_scale, causal,
-                     pingpong, window_left, counter, NUM_HEADS: gl.constexpr,
-                     NUM_KV_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+                     pingpong, window_left, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                      PRODUCER_REGISTERS: gl.constexpr, WINDOW: gl.constexpr = False):
     """gluon_padded_fwd's structure over a ragged batch: q_desc views q as [total_q, heads x
     HEAD_DIM] in 64-row halves, k_desc / v_desc view k / v as [total_kv, heads x HEAD_DIM] in
     tiles of BLOCK_N keys; v_ptr is v itself, for the tail copies (v_row_stride elements a
     token). Writes out [total_q, 32, 128] (out_row_stride a token) and lse [total_q, 32].
-    counter: the stream's int32[2] item counter, zero (_draw_item leaves it so). WINDOW
-    (causal): the sliding window, window_left >= 0 (unread otherwise); an item loads and
-    computes only the key tiles that meet its rows' bands."""
+    WINDOW (causal): the sliding window, window_left >= 0 (unread otherwise); an item loads
+    and computes only the key tiles that meet its rows' bands."""
     gl.static_assert(BLOCK_M == 2 * HALF_M)
     gl.static_assert(BLOCK_N == KV_BLOCK)
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
@@ -744,22 +702,12 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
         mbarrier.init(k_empty.index(s), count=2)
         mbarrier.init(v_full.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=2)
-    # The items the producer draws, handed to the consumers: 2 slots.
-    next_items = gl.allocate_shared_memory(gl.int32, [2, 1],
-                                           gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    item_full = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    for s in gl.static_range(2):
-        mbarrier.init(item_full.index(s), count=1)
-        mbarrier.init(item_empty.index(s), count=2)  # one arrive a consumer warpgroup
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left,
-                     next_items, item_full, item_empty)
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left)
     producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left, counter, next_items,
-                     item_full, item_empty)
+                     num_slots, total_kv, causal, batch_ok, window_left)
     # Partitions take no constexpr: the window's are their own functions.
     if WINDOW:
         gl.warp_specialize([(_window_consumer_0, consumer_args),
@@ -852,12 +800,12 @@ def ragged_grid(batch: int, total_q: int, num_sms: int) -> tuple:
     return (min(items, num_sms),)
 
 
-def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale, counter,
+def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
                        pingpong=False, window_left=None) -> tuple:  # fmt: skip
     """The run-time arguments of gluon_ragged_fwd for q [total_q, 32, 128], k / v [total_kv, 8,
     128] (tma_readable rows), out [total_q, 32, 128], lse [total_q, 32] and the indptr arrays
     of `batch` sequences. qk_scale holds log2(e); window_left: an int >= 0 for the WINDOW
-    kernel, None (passed as -1) for the other; counter: scheduler_counter's."""
+    kernel, None (passed as -1) for the other."""
     q_layout, kv_layout = _ragged_layouts(q.dtype)
     total_q, total_kv, columns = q.shape[0], k.shape[0], NUM_KV_HEADS * HEAD_DIM
     q_desc = _descriptor(q, [total_q, NUM_HEADS * HEAD_DIM], [q.stride(0), 1],
@@ -868,20 +816,4 @@ def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
                          kv_layout)  # fmt: skip
     return (q_desc, k_desc, v_desc, v, out, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
             v.stride(0), out.stride(0), qk_scale, 1, int(pingpong),
-            -1 if window_left is None else window_left, counter)  # fmt: skip
-
-
-_counters = {}
-
-
-def scheduler_counter(device: torch.device) -> torch.Tensor:
-    """The ragged kernel's item counter for the current stream of `device` (int32[2], zero
-    between launches: the kernel leaves it so). Per stream: two launches drawing from one
-    counter at once would take each other's items."""
-    stream = torch._C._cuda_getCurrentRawStream(device.index)
-    counter = _counters.get((device.index, stream))
-    if counter is None:
-        counter = torch.zeros(2, dtype=torch.int32, device=device)
-        _counters[(device.index, stream)] = counter
-    return counter
-
+            -1 if window_left is None else window_left)  # fmt: skip

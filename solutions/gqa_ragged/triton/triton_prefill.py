@@ -495,9 +495,8 @@ def launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, wi
     """window_left: an int in [0, total_kv) for a window plan, None for any other."""
     if isinstance(plan, GluonRaggedPlan):
         batch, grid, fa2, runners, window = plan
-        counter = gluon_attention.scheduler_counter(q.device)
         args = gluon_attention.ragged_launch_args(q, k, v, output, lse, qo_indptr, kv_indptr,
-                                                  batch, sm_scale * LOG2_E, counter,
+                                                  batch, sm_scale * LOG2_E,
                                                   window_left=window_left)  # fmt: skip
         constexprs = (gluon_attention.WINDOW_CONSTEXPRS if window
                       else gluon_attention.RAGGED_CONSTEXPRS)  # fmt: skip

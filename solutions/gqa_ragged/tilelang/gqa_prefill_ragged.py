@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import tilelang.language as T
 
 from .gqa_prefill_shapes import (
-    GATHER_ROW,
     HEAD_DIM,
     NUM_HEADS,
     NUM_KV_HEADS,
@@ -24,6 +23,52 @@ from .gqa_prefill_shapes import (
     CopiesArrive,
     token_rows,
 )
+
+
+# The producer warp's copy of a tile's V (kernel prelude): lane l moves 16-byte chunk l % 16 of
+# rows l / 16, + 2, + 4, ..., rows below `readable` read from v0 + row x row_bytes, the others
+# zero (cp.async's ignore-src: nothing read). d0: where TileLang's layout puts the lane's first
+# chunk. The buffer is 128-byte swizzled (TileLang's for a wgmma operand: 16-byte chunk c of row
+# r of a 64-column half at c ^ (r % 8), 1024-byte aligned 8-row atoms), so the chunk's place in
+# any row follows from d0's address bits. A running address a row: ~7 instructions a copy where
+# TileLang's indexing of each row took 16.5 (TUNING.md).
+V_TAIL_COPY = """
+__device__ __forceinline__ void tl_copy_v_row(unsigned int dst, const char* src, int row,
+                                              int readable) {
+  asm volatile("{ .reg .pred ignore; setp.ge.s32 ignore, %2, %3;"
+               " cp.async.cg.shared.global [%0], [%1], 16, ignore; }"
+               :: "r"(dst), "l"(src), "r"(row), "r"(readable));
+}
+
+template <int kBlockN, bool kGroups>
+__device__ __forceinline__ void tl_copy_v_tail(void* d0, const void* v0, unsigned int first_row,
+                                               unsigned int row_bytes, int lane_row,
+                                               int readable) {
+  const unsigned int dst0 = static_cast<unsigned int>(__cvta_generic_to_shared(d0));
+  const unsigned int chunk = dst0 & 0x70;  // (c ^ lane_row) << 4
+  unsigned int row0 = dst0 - chunk;         // the lane's row, chunk 0
+  unsigned long long offset;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(offset) : "r"(first_row), "r"(row_bytes));
+  const char* src = static_cast<const char*>(v0) + offset;
+  const unsigned int step = 2 * row_bytes;
+  readable -= lane_row;
+  if constexpr (kGroups) {  // an 8-row group unrolled: rows 2 j apart, chunk c ^ 2 j
+#pragma unroll 1
+    for (int r = 0; r < kBlockN; r += 8, row0 += 1024) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j, src += step) {
+        tl_copy_v_row(row0 + 256 * j + (chunk ^ (32 * j)), src, r + 2 * j, readable);
+      }
+    }
+  } else {  // a row at a time (fewer registers)
+#pragma unroll 1
+    for (int r = 0; r < kBlockN; r += 2, src += step) {
+      tl_copy_v_row(row0 + (r >> 3) * 1024 + (r & 7) * 128 + (chunk ^ ((r & 7) << 4)), src, r,
+                    readable);
+    }
+  }
+}
+"""
 
 
 def ragged_kv(dims) -> SimpleNamespace:
@@ -57,6 +102,11 @@ def ragged_kv(dims) -> SimpleNamespace:
         """The keys of tile k (block_N while the tile is whole)."""
         return T.min(seq_kv - k * block_N, block_N)
 
+    # The copy's 8-row groups unrolled: 7.75 instructions a copy; the non-causal program's
+    # producer (176-key tiles) spilled 32 bytes so at its 24 registers, and copies a row at a
+    # time.
+    TAIL_GROUPS = "true" if block_N <= 128 else "false"
+
     def zero_filled(V, kv_row, keys, slot, kv_head, c):
         """V of the tile's row `slot`, or zero past its `keys` keys (not read)."""
         row = T.max(T.min(kv_row + slot, V.shape[0] - 1), 0)  # inside V all the same
@@ -67,27 +117,19 @@ def ragged_kv(dims) -> SimpleNamespace:
     @T.macro
     def GatherTail(V, V_shared, stage, kv_row, keys, kv_head):
         """The producer warp's copy of a tile's `keys` first rows of V into V_shared[stage],
-        zeros in the others (cp.async, in flight when it returns). A row past V (a malformed
-        batch's sequence may claim rows V lacks) is not read either. A pass of 2 rows: a row
-        costs its address's IMAD.WIDE.U32 and the cp.async (tl_gather_row16: TileLang's own
-        indexing, clamped so it could use cp.async, spilled at the producer's 24 registers)."""
+        zeros in the others (cp.async, in flight when it returns; V_TAIL_COPY). A row past V
+        (a malformed batch's sequence may claim rows V lacks) is not read either."""
         lane = T.get_thread_binding() % 32
         chunks = HEAD_DIM // VECTOR  # lanes a row
         row, col = lane // chunks, lane % chunks * VECTOR
         readable = T.if_then_else(kv_row >= 0, T.min(keys, V.shape[0] - kv_row), 0)
         row_bytes = T.Cast("uint32", V.strides[0]) * T.uint32(2)
-        rows = 32 // chunks
-        # 128-key tiles unrolled by 2: 16.5 instructions a row (22 rolled; by 4 or whole it
-        # spills at 24 registers); the non-causal program's 176-key tiles spilled 4 bytes at 2.
-        unroll = 2 if block_N <= 128 else 1
-        for i in T.unroll(block_N // rows, annotations={"pragma_unroll_factor": unroll}):
-            slot = i * rows + row
-            T.call_extern(
-                "handle", "tl_gather_row16",
-                T.access_ptr(V_shared[stage, slot, col], "w", VECTOR),
-                T.access_ptr(V[0, kv_head % NUM_KV_HEADS, col], "r", VECTOR),
-                T.Cast("uint32", kv_row + slot), row_bytes, T.Cast("uint32", slot < readable),
-            )  # fmt: skip
+        T.call_extern(
+            "handle", f"tl_copy_v_tail<{block_N}, {TAIL_GROUPS}>",
+            T.access_ptr(V_shared[stage, row, col], "w", VECTOR),
+            T.access_ptr(V[0, kv_head % NUM_KV_HEADS, col], "r", VECTOR),
+            T.Cast("uint32", kv_row + row), row_bytes, row, readable,
+        )  # fmt: skip
 
     @T.macro
     def WaitSlot(empty, g, num_stages):
@@ -139,5 +181,5 @@ def ragged_kv(dims) -> SimpleNamespace:
         seq_kv=lambda kv, s, kv_start: kv[2][s + 1] - kv_start,
         entry_bad=lambda kv, i: None, sequence_ok=lambda kv, s: None,
         LoadTile=LoadTile, CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
-        prelude=GATHER_ROW,
+        prelude=V_TAIL_COPY,
     )  # fmt: skip

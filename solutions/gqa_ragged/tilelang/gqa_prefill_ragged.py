@@ -24,7 +24,6 @@ from .gqa_prefill_shapes import (
     token_rows,
 )
 
-
 # The producer warp's copy of a tile's V (kernel prelude): lane l moves 16-byte chunk l % 16 of
 # rows l / 16, + 2, + 4, ..., rows below `readable` read from v0 + row x row_bytes, the others
 # zero (cp.async's ignore-src: nothing read). d0: where TileLang's layout puts the lane's first

@@ -20,7 +20,9 @@ last row blocks (the longest rows when causal). Rows that see no key give 0.
 The ragged batch (gluon_ragged_fwd, run_ragged's kernel for long sequences) has the same
 structure over flat Q / K / V: items found by a binary search over qo_indptr, the output's LSE
 stored, a sequence's partial last V tile copied with zeros past its keys, and batches whose
-indptr arrays are not a partition left to the FA-2 kernel launched after it.
+indptr arrays are not a partition left to the FA-2 kernel launched after it. With WINDOW it
+serves the sliding window (run_ragged_swa's wider windows): an item reads only the key tiles
+its rows' bands meet, masked on the band's left edge and on the diagonal.
 
 Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 """
@@ -708,7 +710,8 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
     producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
                      num_slots, total_kv, causal, batch_ok, window_left)
-    # Partitions take no constexpr: the window's are their own functions.
+    # Partitions take no constexpr: the window's are their own functions (the four consumer
+    # wrappers differ only in the warpgroup and WINDOW they pass).
     if WINDOW:
         gl.warp_specialize([(_window_consumer_0, consumer_args),
                             (_window_consumer_1, consumer_args),

@@ -130,6 +130,30 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     assert "exp2" in source
 
 
+@pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
+def test_v_tail_copy_starts_where_the_swizzled_layout_puts_each_lane(dtype, causal):
+    """V_TAIL_COPY derives every row's place in V_shared from the lane's first chunk, assuming
+    TileLang's layout for it is the 128-byte swizzle (16-byte chunk c of row r of a 64-column
+    half at c ^ (r % 8); halves of block_N rows, stages of two halves). The address TileLang
+    passes for that chunk, evaluated for each lane of the producer warp and each ring stage,
+    must be the one that layout gives (a TileLang that laid V_shared out otherwise fails here,
+    not only on the GPU)."""
+    source, _, _ = compiled(dtype, causal)
+    block_n = tilelang_kernels().block_config(dtype, causal)["block_N"]
+    call = re.search(r"tl_copy_v_tail<\d+, \w+>\(\(&\(\(\(\w+\*\)V_shared\)\[(.*?)\]\)\),", source)
+    expression = call.group(1).replace("(int)", "")
+    assert set(re.findall(r"[A-Za-z_]\w*", expression)) == {"g", "threadIdx", "x"}, expression
+    producer = SimpleNamespace(x=0)
+    for stage in range(2):
+        for lane in range(32):
+            producer.x = 256 + lane  # the producer warp follows the 256 consumer threads
+            got = eval(expression, {"g": stage, "threadIdx": producer})  # noqa: S307
+            row, chunk = lane // 16, lane % 16
+            half, c = chunk // 8, chunk % 8
+            want = (stage * 2 + half) * block_n * 64 + row * 64 + (c ^ (row % 8)) * 8
+            assert got == want, (stage, lane, got, want)
+
+
 def test_persistent_output_buffer_takes_stmatrix_without_bank_conflicts():
     """The causal (persistent) program stages its output in its own shared buffer with
     stmatrix: each 8x8 matrix's 8 row addresses (lanes 8m .. 8m + 7) must fall in 8 distinct

@@ -17,10 +17,17 @@ kernel meets the 0.9 bar there; the gap between the ratio and its bound is the k
 """
 
 import argparse
+import functools
 
 from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_ratios
 from prefill_bundle.report import FLOPS_PER_PAIR, tiled_pairs, visible_pairs
-from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import (
+    RaggedCase,
+    build_solution,
+    entry_module,
+    make_inputs,
+    poisoned_outputs,
+)
 from prefill_bundle.workloads import SWA_BATCHES
 
 BAR_VS_FLASHINFER = {"cuda": 1.0, "tilelang": 1.0, "triton": 0.8}
@@ -37,13 +44,21 @@ def pairs(batch) -> tuple:
     return band, sum(visible_pairs(q, kv, True) for q, kv in lengths)
 
 
+@functools.lru_cache(maxsize=None)
+def triton_gluon_thresholds() -> tuple:
+    """(GLUON_MIN_WINDOW, GLUON_MIN_TOKENS) of the Triton solution's entry (triton_prefill)."""
+    entry = entry_module("triton_swa")
+    return entry.GLUON_MIN_WINDOW, entry.GLUON_MIN_TOKENS
+
+
 def tiles(batch, backend: str) -> tuple:
     """TILES, but Triton's Gluon kernel (128 query tokens of one head, 128 keys) where
-    triton_prefill plans it: from window_left 2048 (GLUON_MIN_WINDOW) and 1024 queries a
-    sequence on average (GLUON_MIN_TOKENS)."""
-    long_sequences = sum(batch.q_lens) >= 1024 * len(batch.q_lens)
-    if backend == "triton" and batch.window_left >= 2048 and long_sequences:
-        return 128, 128
+    triton_prefill plans it on an H100: windows from GLUON_MIN_WINDOW, sequences of
+    GLUON_MIN_TOKENS queries on average."""
+    if backend == "triton":
+        min_window, min_tokens = triton_gluon_thresholds()
+        if batch.window_left >= min_window and sum(batch.q_lens) >= min_tokens * len(batch.q_lens):
+            return 128, 128
     return TILES[backend]
 
 

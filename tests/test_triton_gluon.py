@@ -425,6 +425,36 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]
 
 
+@pytest.mark.parametrize("window_left", [None, 7])
+def test_the_malformed_only_plan_leaves_a_partition_alone_and_takes_a_malformed_batch(
+    window_left,
+):
+    """The FA-2 plan that follows the Gluon kernel (_GLUON_FALLBACK, run here on its own: on
+    the CPU under the interpreter, on the GPU compiled): on a well-formed batch its programs
+    decide before anything else and write nothing (the poison stays); on a malformed one they
+    do what the FA-2 kernel always does (well-formed sequences computed, other rows NaN)."""
+    module = entry_module("triton_ragged")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    case = RaggedCase((30, 70), (50, 90), window_left=window_left)
+    q, k, v, qo_indptr, kv_indptr, *_, sm_scale = make_inputs(case, device, seed=2)
+    output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
+    window = window_left is not None
+    config = module._GLUON_FALLBACK
+    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=config,
+                               window=window)  # fmt: skip
+    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
+    assert (output == -7.0).all() and (lse == -7.0).all()
+
+    batch = MALFORMED_SWA_BATCHES[0] if window else MALFORMED_BATCHES[0]  # kv past its end
+    inputs = malformed_inputs(batch, device, seed=3)
+    q, k, v, qo_indptr, kv_indptr, *_, sm_scale = inputs
+    output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
+    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=config,
+                               window=window)  # fmt: skip
+    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
+    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+
+
 def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
     """run_ragged_swa on a call the Gluon kernel suits: a window below GLUON_MIN_WINDOW runs the
     FA-2 window kernel alone (all its programs); from GLUON_MIN_WINDOW on the Gluon kernel with

@@ -153,17 +153,17 @@ def gqa_prefill_fwd(
     # tiles of a sequence see the most keys, so slots run backwards: the longest programs start
     # first instead of straggling in the last wave.
     if RAGGED:
-        # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
-        # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
-        batch_ok = is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv)
         if MALFORMED_ONLY:
-            # Before the search: on a partition (every call but a malformed one) this scan is
-            # the program's whole cost, thousands of programs a launch.
-            if batch_ok:
+            # Decided first: on a partition (every call but a malformed one) this scan is the
+            # program's whole cost, thousands of programs a launch.
+            if is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv):
                 return
         if CAUSAL:
             slot = tl.num_programs(0) - 1 - slot
         seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE=TOKENS_PER_TILE)
+        # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
+        # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
+        batch_ok = is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv)
         if not batch_ok:
             poison_uncovered_rows(
                 out, lse, qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv, slot, first_head,

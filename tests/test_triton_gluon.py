@@ -224,6 +224,29 @@ def test_gluon_ragged_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_ragg
     check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", MALFORMED_BATCHES[::3], ids=lambda b: b.id)
+def test_gluon_ragged_kernel_alone_writes_nothing_of_a_malformed_batch(gluon_ragged_solution,
+                                                                      batch, monkeypatch):
+    """The Gluon kernel without the FA-2 kernel after it: its producer hands every item of a
+    malformed batch to the consumers empty, and they store nothing (output and lse keep their
+    poison); a well-formed batch as the control, every row written."""
+    runnable, module = gluon_ragged_solution
+    monkeypatch.setattr(module, "_launch", lambda *args: None)  # the FA-2 launch
+    for malformed in (True, False):
+        if malformed:
+            inputs = malformed_inputs(batch, "cuda", seed=3)
+        else:
+            inputs = make_inputs(RaggedCase((30, 40, 30), (40, 40, 40)), "cuda", seed=3)
+        _assert_gluon_ragged_plan(module, inputs)
+        output = torch.full_like(inputs[0], -7.0)
+        lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
+        runnable(*inputs, output, lse)
+        untouched = bool((output == -7.0).all()) and bool((lse == -7.0).all())
+        assert untouched if malformed else not (output == -7.0).all(-1).any()
+
+
 # ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------
 
 GLUON_WINDOW_CASES = [

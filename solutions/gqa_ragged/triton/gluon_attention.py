@@ -18,11 +18,13 @@ without a mask, only the diagonal's and the last partial tile pay for one. CTAs 
 last row blocks (the longest rows when causal). Rows that see no key give 0.
 
 The ragged batch (gluon_ragged_fwd, run_ragged's kernel for long sequences) has the same
-structure over flat Q / K / V: items found by a binary search over qo_indptr, the output's LSE
-stored, a sequence's partial last V tile copied with zeros past its keys, and batches whose
-indptr arrays are not a partition left to the FA-2 kernel launched after it. With WINDOW it
-serves the sliding window (run_ragged_swa's wider windows): an item reads only the key tiles
-its rows' bands meet, masked on the band's left edge and on the diagonal.
+structure over flat Q / K / V: items found by a binary search over qo_indptr (the producer's,
+its numbers handed to the consumers in shared memory; the window kernel's partitions search
+each for themselves), the output's LSE stored, a sequence's partial last V tile copied with
+zeros past its keys, and batches whose indptr arrays are not a partition left to the FA-2
+kernel launched after it. With WINDOW it serves the sliding window (run_ragged_swa's wider
+windows): an item reads only the key tiles its rows' bands meet, masked on the band's left
+edge and on the diagonal.
 
 Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 """
@@ -507,6 +509,33 @@ def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window
 
 
 @gluon.jit
+def _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile):
+    """The ragged producer warp: an item's numbers into shared memory for the consumers, one a
+    lane (written before the item's Q is armed: they read them once its barrier completes)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    i = gl.arange(0, 32, layout=layout)
+    numbers = gl.where(i == 0, head, gl.where(i == 1, q_start, gl.where(i == 2, q_len, gl.where(
+        i == 3, kv_len, gl.where(i == 4, m0, gl.where(i == 5, num_tiles, first_tile))))))
+    item_smem.store(numbers)
+
+
+@gluon.jit
+def _get_item(item_smem):
+    """A ragged consumer warpgroup: the numbers _put_item wrote, every thread all of them."""
+    layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
+    i = gl.arange(0, 8, layout=layout)
+    numbers = item_smem.slice(0, 8).load(layout)
+    head = gl.sum(gl.where(i == 0, numbers, 0), axis=0)
+    q_start = gl.sum(gl.where(i == 1, numbers, 0), axis=0)
+    q_len = gl.sum(gl.where(i == 2, numbers, 0), axis=0)
+    kv_len = gl.sum(gl.where(i == 3, numbers, 0), axis=0)
+    m0 = gl.sum(gl.where(i == 4, numbers, 0), axis=0)
+    num_tiles = gl.sum(gl.where(i == 5, numbers, 0), axis=0)
+    first_tile = gl.sum(gl.where(i == 6, numbers, 0), axis=0)
+    return head, q_start, q_len, kv_len, m0, num_tiles, first_tile
+
+
+@gluon.jit
 def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
     """The producer warp's cp.async of V rows row0 .. row0 + keys - 1 into v_tile, zeros in its
     rows from `keys` on (nothing read there), 8 rows a step (one swizzle atom)."""
@@ -521,135 +550,183 @@ def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
 
 
 @gluon.jit
-def _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, WINDOW: gl.constexpr):
-    """The padded producer's loads for ragged items (_ragged_item), at flat coordinates; V's
-    last tile of a sequence that is not the batch's last by _gather_v when it is partial."""
-    if batch_ok != 0:
-        tile = 0
-        count = 0
-        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
-            q_row = q_start + m0
-            mbarrier.wait(q_empty, (count & 1) ^ 1)
-            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
-            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
-                                            q_smem.index(1))
-            kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
-            # Rows past the sequence's keys are another sequence's (or past V: TMA's zeros).
-            shares_v = kv_start + kv_len < total_kv
-            for i in range(num_tiles):
-                stage = (tile + i) % RING
-                phase = ((tile + i) // RING) & 1
-                kv_row = kv_start + (first_tile + i) * KV_BLOCK
-                mbarrier.wait(k_empty.index(stage), phase ^ 1)
-                mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], k_full.index(stage),
-                                                k_smem.index(stage))
-                mbarrier.wait(v_empty.index(stage), phase ^ 1)
-                keys = kv_len - (first_tile + i) * KV_BLOCK
-                if shares_v and keys < KV_BLOCK:
-                    _gather_v(v_ptr, v_row_stride, v_smem.index(stage), kv_row, keys, kv_col)
-                    async_copy.mbarrier_arrive(v_full.index(stage))
-                    mbarrier.arrive(v_full.index(stage))
-                else:
-                    mbarrier.expect(v_full.index(stage), v_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col],
-                                                    v_full.index(stage), v_smem.index(stage))
-            tile += num_tiles
-            count += 1
+def _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty, v_full,
+                   v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile, total_kv):
+    """The producer's loads of an item's num_tiles key tiles from first_tile, through the ring
+    from its tile `tile`, at flat coordinates; V's last tile of a sequence that is not the
+    batch's last by _gather_v when it is partial."""
+    kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
+    # Rows past the sequence's keys are another sequence's (or past V: TMA's zeros).
+    shares_v = kv_start + kv_len < total_kv
+    for i in range(num_tiles):
+        stage = (tile + i) % RING
+        phase = ((tile + i) // RING) & 1
+        kv_row = kv_start + (first_tile + i) * KV_BLOCK
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_full.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], k_full.index(stage),
+                                        k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        keys = kv_len - (first_tile + i) * KV_BLOCK
+        if shares_v and keys < KV_BLOCK:
+            _gather_v(v_ptr, v_row_stride, v_smem.index(stage), kv_row, keys, kv_col)
+            async_copy.mbarrier_arrive(v_full.index(stage))
+            mbarrier.arrive(v_full.index(stage))
+        else:
+            mbarrier.expect(v_full.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], v_full.index(stage),
+                                            v_smem.index(stage))
 
 
 @gluon.jit
 def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left):
-    _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, False)
+                     q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                     num_seqs, num_slots, total_q, total_kv, causal):
+    """The padded producer's loads for ragged items (_ragged_item), and each item's numbers for
+    the consumers (_put_item: the search over indptr done once an item, not in every
+    partition). If the indptr arrays are not a partition, every item goes to the consumers
+    empty (no rows, no key tiles: they store nothing) and the FA-2 kernel launched after this
+    one takes the batch."""
+    batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 1)
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+        head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
+            item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+        if not batch_ok:  # m0 + r < q_len never holds: no row stored
+            q_start = 0
+            q_len = 0
+            m0 = 0
+            num_tiles = 0
+        mbarrier.wait(q_empty, (count & 1) ^ 1)
+        _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile)
+        if batch_ok:
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)  # releases the numbers
+            q_row = q_start + m0
+            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
+            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
+                                            q_smem.index(1))
+        else:
+            mbarrier.arrive(q_full)
+        _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
+                       v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile,
+                       total_kv)  # fmt: skip
+        tile += num_tiles
+        count += 1
 
 
 @gluon.jit
 def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
                      num_slots, total_kv, causal, batch_ok, window_left):
-    _ragged_loads(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                  q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                  num_slots, total_kv, causal, batch_ok, window_left, True)
+    """The window kernel's producer: as _ragged_producer, each partition finding the items
+    itself (handing them over measured 5% slower on the 32K prompt with window 4096: its
+    consumers spilled in their key-tile loops) and the batch's verdict from the kernel."""
+    if batch_ok != 0:
+        tile = 0
+        count = 0
+        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, True)
+            q_row = q_start + m0
+            mbarrier.wait(q_empty, (count & 1) ^ 1)
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
+            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
+                                            q_smem.index(1))
+            _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
+                           v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile,
+                           total_kv)  # fmt: skip
+            tile += num_tiles
+            count += 1
 
 
 @gluon.jit
 def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left, wg,
-                     WINDOW: gl.constexpr):
+                     turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                     causal, pingpong, wg):
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
-    row block (_consume_item), its output and LSE."""
+    row block (_consume_item), its output and LSE; the item's numbers from the producer."""
+    cols, rows, dims = _index_ranges()
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+        mbarrier.wait(q_full, count & 1)  # the item's numbers are written
+        head, q_start, q_len, kv_len, m0, num_tiles, first_tile = _get_item(item_smem)
+        _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                      turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
+                      kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
+                      causal, pingpong, wg, cols, rows, dims, True)  # fmt: skip
+        tile += num_tiles
+        count += 1
+
+
+@gluon.jit
+def _window_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
+                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left, wg):
+    """One consumer warpgroup of the window kernel: as _ragged_consumer, finding each item
+    itself (_window_producer says why)."""
     if batch_ok != 0:
         cols, rows, dims = _index_ranges()
         tile = 0
         count = 0
         for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
             head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
+                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, True)
             _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                           v_empty, turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len,
                           kv_len, kv_len - q_len, num_tiles, head, tile, count, qk_scale,
                           out_row_stride, causal, pingpong, wg, cols, rows, dims, True,
-                          first_tile, window_left, WINDOW)
+                          first_tile, window_left, True)
             tile += num_tiles
             count += 1
 
 
 @gluon.jit
 def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
+                       turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                       causal, pingpong):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 0, False)
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                     out_row_stride, causal, pingpong, 0)
 
 
 @gluon.jit
 def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
+                       turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                       causal, pingpong):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 1, False)
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                     out_row_stride, causal, pingpong, 1)
 
 
 @gluon.jit
 def _window_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
                        qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
-    _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+    _window_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 0, True)
+                     window_left, 0)
 
 
 @gluon.jit
 def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                        turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
                        qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
-    _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+    _window_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
                      v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
                      num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 1, True)
+                     window_left, 1)
 
 
 @gluon.jit
-def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv):
+def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, WARPS: gl.constexpr):
     """Both indptr arrays start at 0, end at their row count and never decrease (ragged_batch.
-    is_partition). Not: the kernel computes nothing, and the FA-2 kernel launched after it takes
-    the malformed batch (its own checks and NaN rows)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    is_partition), read by WARPS warps. Not: the kernel computes nothing, and the FA-2 kernel
+    launched after it takes the malformed batch (its own checks and NaN rows)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ok = (gl.load(qo_indptr) == 0) & (gl.load(qo_indptr + num_seqs) == total_q)
     ok = ok & (gl.load(kv_indptr) == 0) & (gl.load(kv_indptr + num_seqs) == total_kv)
     for base in range(0, num_seqs, 128):
@@ -682,7 +759,8 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
     gl.static_assert(BLOCK_N == KV_BLOCK)
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
     num_slots = total_q // BLOCK_M + num_seqs
-    batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv).to(gl.int32)
+    if WINDOW:  # (the ragged kernel's producer decides on its own)
+        batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 4).to(gl.int32)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -704,20 +782,29 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
         mbarrier.init(k_empty.index(s), count=2)
         mbarrier.init(v_full.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=2)
-    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left)
-    producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left)
-    # Partitions take no constexpr: the window's are their own functions (the four consumer
-    # wrappers differ only in the warpgroup and WINDOW they pass).
+    # Partitions take no constexpr: the window's are their own functions.
     if WINDOW:
+        consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                         v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
+                         num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
+                         window_left)  # fmt: skip
+        producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
+                         q_full, q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr,
+                         num_seqs, num_slots, total_kv, causal, batch_ok, window_left)
         gl.warp_specialize([(_window_consumer_0, consumer_args),
                             (_window_consumer_1, consumer_args),
                             (_window_producer, producer_args)],
                            [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
     else:
+        # The current item's numbers (_put_item), from the producer to the consumers.
+        item_smem = gl.allocate_shared_memory(gl.int32, [32],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
+        consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                         v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                         out_row_stride, causal, pingpong)  # fmt: skip
+        producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
+                         q_full, q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr,
+                         kv_indptr, num_seqs, num_slots, total_q, total_kv, causal)
         gl.warp_specialize([(_ragged_consumer_0, consumer_args),
                             (_ragged_consumer_1, consumer_args),
                             (_ragged_producer, producer_args)],

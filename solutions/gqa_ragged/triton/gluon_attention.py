@@ -550,6 +550,14 @@ def _gather_v(v_ptr, v_row_stride, v_tile, row0, keys, kv_col):
 
 
 @gluon.jit
+def _load_q(q_desc, q_smem, q_full, q_row, head):
+    """The producer's load of an item's Q: rows q_row .. q_row + 127 of head `head`, two halves."""
+    mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full, q_smem.index(1))
+
+
+@gluon.jit
 def _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty, v_full,
                    v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile, total_kv):
     """The producer's loads of an item's num_tiles key tiles from first_tile, through the ring
@@ -601,11 +609,7 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
         mbarrier.wait(q_empty, (count & 1) ^ 1)
         _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile)
         if batch_ok:
-            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)  # releases the numbers
-            q_row = q_start + m0
-            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
-            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
-                                            q_smem.index(1))
+            _load_q(q_desc, q_smem, q_full, q_start + m0, head)  # (its arrive releases them)
         else:
             mbarrier.arrive(q_full)
         _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
@@ -630,10 +634,7 @@ def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
                 item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, True)
             q_row = q_start + m0
             mbarrier.wait(q_empty, (count & 1) ^ 1)
-            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [q_row, head * DIM], q_full, q_smem.index(0))
-            tma.async_copy_global_to_shared(q_desc, [q_row + HALF_M, head * DIM], q_full,
-                                            q_smem.index(1))
+            _load_q(q_desc, q_smem, q_full, q_row, head)
             _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
                            v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile,
                            total_kv)  # fmt: skip

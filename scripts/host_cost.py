@@ -38,12 +38,11 @@ def main():
     parser.add_argument("--batches", nargs="+", choices=batches, metavar="NAME",
                         default=[batch.name for batch in RAGGED_BATCHES[:4]])  # fmt: skip
     selected = [batches[name] for name in parser.parse_args().batches]
-    rows, built = [], {}
+    rows = []
     for batch in selected:
         suffix = SUFFIX[batch.definition]
-        names = [f"{backend}_{suffix}" for backend in BACKENDS]
-        runnables = {name: built.get(name) or build_solution(name) for name in names}
-        built.update(runnables)
+        # (build_solution is memoized: a definition's solutions are built once)
+        runnables = {f"{b}_{suffix}": build_solution(f"{b}_{suffix}") for b in BACKENDS}
         triton_mod = entry_module(runnables[f"triton_{suffix}"])
         case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
         inputs = make_inputs(case, "cuda", seed=0)

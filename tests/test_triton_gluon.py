@@ -458,23 +458,24 @@ def test_the_malformed_only_plan_leaves_a_partition_alone_and_takes_a_malformed_
     do what the FA-2 kernel always does (well-formed sequences computed, other rows NaN)."""
     module = entry_module("triton_ragged")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    case = RaggedCase((30, 70), (50, 90), window_left=window_left)
-    q, k, v, qo_indptr, kv_indptr, *_, sm_scale = make_inputs(case, device, seed=2)
-    output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
     window = window_left is not None
-    config = module._GLUON_FALLBACK
-    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=config,
-                               window=window)  # fmt: skip
-    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
+
+    def run_alone(inputs):
+        q, k, v, qo_indptr, kv_indptr, *_, sm_scale = inputs
+        output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
+        plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
+                                   config=module._GLUON_FALLBACK, window=window)  # fmt: skip
+        module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse,
+                             window_left)  # fmt: skip
+        return output, lse
+
+    output, lse = run_alone(make_inputs(RaggedCase((30, 70), (50, 90), window_left=window_left),
+                                        device, seed=2))  # fmt: skip
     assert (output == -7.0).all() and (lse == -7.0).all()
 
     batch = MALFORMED_SWA_BATCHES[0] if window else MALFORMED_BATCHES[0]  # kv past its end
     inputs = malformed_inputs(batch, device, seed=3)
-    q, k, v, qo_indptr, kv_indptr, *_, sm_scale = inputs
-    output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
-    plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=config,
-                               window=window)  # fmt: skip
-    module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, window_left)
+    output, lse = run_alone(inputs)
     check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
 
 

@@ -6,7 +6,9 @@ pairs them), launched twice to warm up, then once between cudaProfilerStart/Stop
         python scripts/profile_paged.py tilelang_paged_ps1 [workload]
 
 FP8 solutions (a name with "fp8": tilelang_fp8kv, cuda_fp8kv) get FP8 caches of page size 64.
-A padded shape instead of a workload, for the mini definition's solutions (cuda_mini,
+A ragged or sliding-window workload's name (prefill_bundle.workloads' RAGGED_BATCHES and
+SWA_BATCHES) for the ragged definitions' solutions (tilelang_swa, cuda_ragged, ...). A padded
+shape instead of a workload, for the mini definition's solutions (cuda_mini,
 flashinfer_mini, ...): `padded:BATCH,SEQ_Q,SEQ_KV,CAUSAL`, e.g. padded:8,2048,2048,1. The solution
 may be a Solution JSON file (an earlier version, `git show REV:solutions/...json > old.json`).
 
@@ -26,11 +28,18 @@ from paged_vs_ragged import gathered
 from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
+    RaggedCase,
     build_solution_or_file,
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES
+from prefill_bundle.workloads import (
+    FP8_K_SCALE,
+    FP8_V_SCALE,
+    PAGED_BATCHES,
+    RAGGED_BATCHES,
+    SWA_BATCHES,
+)
 
 
 def main():
@@ -39,6 +48,11 @@ def main():
     if workload.startswith("padded:"):
         batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
         case = PaddedCase(batch, seq_q, seq_kv, bool(causal))
+        profile(build_solution_or_file(name), case, make_inputs(case, "cuda", seed=0))
+        return
+    ragged = next((b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == workload), None)
+    if ragged is not None:
+        case = RaggedCase(ragged.q_lens, ragged.kv_lens, window_left=ragged.window_left)
         profile(build_solution_or_file(name), case, make_inputs(case, "cuda", seed=0))
         return
     batch = next(b for b in PAGED_BATCHES if b.name == workload)

@@ -31,10 +31,11 @@ from prefill_bundle.testing import (
 from prefill_bundle.workloads import SWA_BATCHES
 
 BAR_VS_FLASHINFER = {"cuda": 1.0, "tilelang": 1.0, "triton": 0.8}
-# (query tokens, keys) per tile: CUDA and TileLang 128 rows = 32 tokens x a KV group's 4 heads,
-# 128 keys; Triton's paired row blocks 2 x 32 tokens, 64 keys (its plan for all but the 2K chunk,
-# which takes 16-token tiles); FlashInfer fa3 128 tokens of one head, 128 keys.
-TILES = {"cuda": (32, 128), "tilelang": (32, 128), "triton": (64, 64), "flashinfer": (128, 128)}
+# (query tokens, keys) per tile: CUDA 128 rows = 32 tokens x a KV group's 4 heads, 128 keys;
+# TileLang's window kernel 128 tokens of one head (it packs heads for decode-like paged batches
+# only), 128 keys; Triton's paired row blocks 2 x 32 tokens, 64 keys (its plan for all but the
+# 2K chunk, which takes 16-token tiles); FlashInfer fa3 128 tokens of one head, 128 keys.
+TILES = {"cuda": (32, 128), "tilelang": (128, 128), "triton": (64, 64), "flashinfer": (128, 128)}
 
 
 def pairs(batch) -> tuple:

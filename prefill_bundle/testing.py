@@ -399,6 +399,46 @@ def tilelang_kernels(name_or_runnable="tilelang_ragged"):
     return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
 
 
+# The TileLang kernel's modules (gqa_prefill_kernel.py imports the others relatively).
+TILELANG_KERNEL_FILES = (
+    "gqa_prefill_kernel.py",
+    "gqa_prefill_shapes.py",
+    "gqa_prefill_kv.py",
+    "gqa_prefill_ragged.py",
+    "gqa_prefill_fp8.py",
+    "gqa_prefill_steps.py",
+    "gqa_prefill_ws.py",
+    "gqa_prefill_items.py",
+    "gqa_prefill_pipelined.py",
+    "gqa_prefill_split.py",
+)
+
+
+def rewritten_kernel_module(folder: Path, name: str, replacements: list):
+    """The TileLang solution's gqa_prefill_kernel.py and its sibling modules with their source
+    text rewritten ((pattern, replacement) pairs; each pattern must occur in one of them), as
+    package `name` under folder; returns its gqa_prefill_kernel."""
+    source = Path(importlib.util.find_spec(tilelang_kernels().__name__).origin).parent
+    texts = {f: (source / f).read_text() for f in TILELANG_KERNEL_FILES}
+    for pattern, replacement in replacements:
+        assert any(pattern in text for text in texts.values()), (
+            f"the kernel no longer contains {pattern!r}"
+        )
+        texts = {f: text.replace(pattern, replacement) for f, text in texts.items()}
+    # TileLang parses the kernel's source text: the modules must live in real files.
+    package = Path(folder) / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for f, text in texts.items():
+        (package / f).write_text(text)
+    spec = importlib.util.spec_from_file_location(
+        name, package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(f"{name}.gqa_prefill_kernel")
+
+
 def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in fp32: the GPU scripts' accuracy figure (nan or
     inf where actual is not finite)."""

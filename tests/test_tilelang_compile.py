@@ -14,8 +14,6 @@
 """
 
 import functools
-import importlib
-import importlib.util
 import io
 import itertools
 import logging
@@ -52,6 +50,7 @@ from prefill_bundle.testing import (
     malformed_inputs,
     nan_neighbour_inputs,
     reference_outputs,
+    rewritten_kernel_module,
     run_solution,
     tilelang_kernels,
 )
@@ -208,43 +207,16 @@ _STRIDED = "T.StridedTensor([rows, heads, HEAD_DIM], [token_stride, HEAD_DIM, 1]
 _CONTIGUOUS = "T.Tensor([rows, heads, HEAD_DIM], dtype)"
 
 
-# The kernel's modules (gqa_prefill_kernel.py imports the others relatively).
-KERNEL_FILES = (
-    "gqa_prefill_kernel.py",
-    "gqa_prefill_shapes.py",
-    "gqa_prefill_kv.py",
-    "gqa_prefill_ragged.py",
-    "gqa_prefill_fp8.py",
-    "gqa_prefill_steps.py",
-    "gqa_prefill_ws.py",
-    "gqa_prefill_items.py",
-    "gqa_prefill_pipelined.py",
-    "gqa_prefill_split.py",
-)
-
-
-def rewritten_kernel_module(folder, name: str, replacements: list):
-    """gqa_prefill_kernel.py and its sibling modules with their source text rewritten (each
-    pattern must occur in one of them), as package `name`; returns its gqa_prefill_kernel."""
-    source = os.path.dirname(importlib.util.find_spec(tilelang_kernels().__name__).origin)
-    texts = {f: open(os.path.join(source, f)).read() for f in KERNEL_FILES}
-    for pattern, replacement in replacements:
-        assert any(pattern in text for text in texts.values()), (
-            f"the kernel no longer contains {pattern!r}"
-        )
-        texts = {f: text.replace(pattern, replacement) for f, text in texts.items()}
-    # TileLang parses the kernel's source text: the modules must live in real files.
-    package = folder / name
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for f, text in texts.items():
-        (package / f).write_text(text)
-    spec = importlib.util.spec_from_file_location(
-        name, package / "__init__.py", submodule_search_locations=[str(package)]
-    )
-    sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules[name])
-    return importlib.import_module(f"{name}.gqa_prefill_kernel")
+def test_timeline_script_stamps_every_event_of_the_window_program(tmp_path):
+    """scripts/tilelang_timeline.py's rewrites still find their anchors in the kernel's sources,
+    and its stamped window program compiles for sm_90a with one stamp site per event."""
+    timeline = load_script("tilelang_timeline")
+    module = rewritten_kernel_module(tmp_path, "timeline_window", timeline.replacements())
+    source = module.compile_variant("bfloat16", True, window=True).get_kernel_source()
+    sites = re.findall(r"tl_stamp\(\(&\(Scheduler\[0\]\)\), (\d+)\);", source)
+    events = [e for e in range(len(timeline.EVENTS)) if e != timeline.ITEMS]
+    assert sorted(map(int, sites)) == events
+    assert f"Scheduler[((((int)blockIdx.x) * {timeline.SLOTS}) + {timeline.ITEMS + 2})]" in source
 
 
 def test_token_stride_changes_no_device_code(tmp_path):

@@ -1,0 +1,190 @@
+"""On the GPU: where the TileLang warp-specialized program's time goes around its work items, from
+clock64 stamps. The kernel's modules are rewritten (prefill_bundle.testing.rewritten_kernel_module)
+so that one thread of each role writes the SM clock at the item hand-overs into a grown
+Scheduler buffer (2 work counters + STAMPS slots a block); the causal ragged or the window
+program (bfloat16) then runs on a workload's inputs, and the script prints each event's cycles
+from the block's start (median / min / max over the blocks), an item's cost and the fixed cost:
+
+    python scripts/tilelang_timeline.py chunked_prefill_2k_over_16k_window_4096 padded:8,2048
+
+A ragged or window workload's name (prefill_bundle.workloads), or padded:BATCH,SEQ (causal).
+Events 1-10 are the block's first item and the start of its second. tilelang/TUNING.md ("An
+item's transitions") read the 2K chunk and 8x2048 causal this way. The stamps cost a few
+instructions an item and change the program's registers: read gaps, not absolute speed.
+tests/test_tilelang_compile.py compiles the stamped window program (the anchors still exist).
+"""
+
+import statistics
+import sys
+import tempfile
+
+import torch
+
+from prefill_bundle.testing import RaggedCase, make_inputs, rewritten_kernel_module
+from prefill_bundle.workloads import RAGGED_BATCHES, SWA_BATCHES, RaggedBatch
+
+SLOTS = 16  # stamp slots a block
+MAX_BLOCKS = 132  # an H100's SMs: the persistent grid
+EVENTS = [
+    "block start",
+    "first atomic add (producer)",
+    "first item published (producer)",
+    "first item received (consumers)",
+    "Q landed",
+    "K tile 0 landed",
+    "Q's buffer freed (q_empty)",
+    "epilogue start",
+    "epilogue end",
+    "next Q issued (producer)",
+    "next Q landed",
+    "last item end",
+    "items",
+    "consumers exit",
+    "producer exits",
+]
+ITEMS = EVENTS.index("items")
+
+PRELUDE = (
+    """
+__device__ __forceinline__ void tl_stamp(int* stamps, int event) {
+  stamps[2 + blockIdx.x * %d + event] = (int)clock64();
+}
+"""
+    % SLOTS
+)
+
+
+def stamp(buffer: str, event: str, condition: str, indent: int) -> str:
+    """Source lines: if condition, write the clock into `buffer`'s slot of `event`."""
+    pad = " " * indent
+    slot = EVENTS.index(event)
+    call = f'T.call_extern("handle", "tl_stamp", T.access_ptr({buffer}, "w"), {slot})'
+    return f"{pad}if {condition}:\n{pad}    {call}\n"
+
+
+def replacements() -> list:
+    """(pattern, replacement) pairs of the stamped program (gqa_prefill_ws, gqa_prefill_items)."""
+    first, second = "(tx == 0) & (items_done[0] == 0)", "(tx == 0) & (items_done[0] == 1)"
+    consumer = "(tx == 0) & (items_done[0] == 0)"
+    grown = f"Scheduler: T.Tensor([2 + {MAX_BLOCKS * SLOTS}], T.int32),"
+    return [
+        ("Scheduler: T.Tensor([2], T.int32),", grown),
+        # the prelude: the K/V source's and the stamp
+        ("    @T.macro\n    def Body(",
+         "    stamp_prelude = (getattr(kv_source, 'prelude', None) or '') + "
+         f"{PRELUDE!r}\n\n    @T.macro\n    def Body("),
+        ('prelude=getattr(kv_source, "prelude", None)) as block:',
+         "prelude=stamp_prelude) as block:"),
+        ("            scale_log2 = sm_scale * LOG2_E\n",
+         "            scale_log2 = sm_scale * LOG2_E\n"
+         + stamp("Scheduler", "block start", "tx == 0", 12)),
+        # the producer: the first take, the next Q; Scheduler reaches LoadItem through `load`
+        ("                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n",
+         "                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n"
+         + stamp("Scheduler", "first atomic add (producer)", "fetched[0] == 0", 16)),
+        ("        T.mbarrier_arrive(item_full[slot])\n        return item\n",
+         "        T.mbarrier_arrive(item_full[slot])\n"
+         + stamp("Scheduler", "first item published (producer)",
+                 "(tx == consumer_threads) & (fetched[0] == 0)", 8)
+         + "        return item\n"),
+        ("        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx = load\n",
+         "        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx, Sched = load\n"),
+        ("        if loader_warps == 1:\n"
+         "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n",
+         "        if loader_warps == 1:\n"
+         "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n"
+         + stamp("Sched", "next Q issued (producer)",
+                 "(tx == consumer_threads) & (items_done[0] == 1)", 12)),
+        ("(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx,\n",
+         "(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx, Scheduler,\n"),
+        ("                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
+         "            else:\n",
+         "                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
+         + stamp("Scheduler", "producer exits", "tx == consumer_threads", 16)
+         + "            else:\n"),
+        # the consumers: Scheduler and tx reach ConsumeItem as arguments
+        ("ring, Output, LSE, scale_log2, poisoned, out_scale,\n    ):  # fmt: skip",
+         "ring, Output, LSE, scale_log2, poisoned, out_scale, Sched, tx,\n    ):  # fmt: skip"),
+        ("        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n",
+         "        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n"
+         + stamp("Sched", "Q landed", first, 8) + stamp("Sched", "next Q landed", second, 8)),
+        ("        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n",
+         "        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n"
+         + stamp("Sched", "K tile 0 landed", first, 8)),
+        ("        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n",
+         "        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n"
+         + stamp("Sched", "Q's buffer freed (q_empty)", first, 8)),
+        ("        # TileLang puts a consumer barrier before the copy into O_shared:\n",
+         stamp("Sched", "epilogue start", first, 8)
+         + "        # TileLang puts a consumer barrier before the copy into O_shared:\n"),
+        ("            q_start, q_tile, seq_q, head, poisoned, out_scale,\n        )  # fmt: skip\n",
+         "            q_start, q_tile, seq_q, head, poisoned, out_scale,\n        )  # fmt: skip\n"
+         + stamp("Sched", "epilogue end", first, 8)),
+        ("                    ReceiveItem(hand, indptr, Output, LSE)\n",
+         "                    ReceiveItem(hand, indptr, Output, LSE)\n"
+         + stamp("Scheduler", "first item received (consumers)", consumer, 20)),
+        ("                            kv_source.out_scale(kv),\n"
+         "                        )  # fmt: skip\n",
+         "                            kv_source.out_scale(kv), Scheduler, tx,\n"
+         "                        )  # fmt: skip\n"
+         + stamp("Scheduler", "last item end", "tx == 0", 24)
+         + "                        if tx == 0:\n"
+         f"                            Scheduler[2 + block * {SLOTS} + {ITEMS}] = items_done[0]\n"
+         + stamp("Scheduler", "consumers exit", "tx == 0", 16)),
+    ]  # fmt: skip
+
+
+def stamped_kernels(folder):
+    """The stamped module's compiled causal ragged and window programs (bfloat16)."""
+    module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements())
+    return {window: module.compile_variant("bfloat16", True, window=window)
+            for window in (False, True)}  # fmt: skip
+
+
+def batch_of(name: str) -> RaggedBatch:
+    if name.startswith("padded:"):
+        batch, seq = map(int, name.split(":")[1].split(","))
+        return RaggedBatch(name, (seq,) * batch, (seq,) * batch)
+    return next(b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == name)
+
+
+def timeline(kernels: dict, batch: RaggedBatch) -> None:
+    case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
+    args = make_inputs(case, "cuda", seed=0)
+    q, k = args[0], args[1]
+    window = () if batch.window_left is None else (args[5],)
+    output = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    stamps = torch.zeros(2 + MAX_BLOCKS * SLOTS, dtype=torch.int32, device=q.device)
+    for _ in range(3):  # the last launch's stamps are read
+        kernels[batch.window_left is not None](
+            *args[:5], k.shape[0], *window, args[-1], output, lse, stamps
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    blocks = min(torch.cuda.get_device_properties(0).multi_processor_count, MAX_BLOCKS)
+    table = stamps[2 : 2 + blocks * SLOTS].view(blocks, SLOTS).cpu().long()
+    since = lambda e: ((table[:, e] - table[:, 0]) % (1 << 32)).tolist()  # noqa: E731
+    items = table[:, ITEMS].tolist()
+    print(f"== {batch.name}: cycles from the block's start, median / min / max over {blocks}")
+    for event, name in enumerate(EVENTS):
+        if event not in (0, ITEMS):
+            xs = since(event)
+            print(f"  {name:34s} {statistics.median(xs):10.0f} {min(xs):10.0f} {max(xs):10.0f}")
+    print(f"  items a block: {dict(sorted((n, items.count(n)) for n in set(items)))}")
+    end, first_end = since(EVENTS.index("last item end")), since(EVENTS.index("epilogue end"))
+    later = [(e - f) / (n - 1) for e, f, n in zip(end, first_end, items) if n > 1]
+    if later:
+        item = statistics.median(later)
+        fixed = statistics.median(e - n * item for e, n in zip(end, items) if n > 0)
+        print(f"  a later item (mean over each block's): {item:.0f}; fixed: {fixed:.0f}")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as folder:
+        kernels = stamped_kernels(folder)
+        for name in sys.argv[1:]:
+            timeline(kernels, batch_of(name))
+
+
+if __name__ == "__main__":
+    main()

@@ -62,11 +62,20 @@ def stamp(buffer: str, event: str, condition: str, indent: int) -> str:
     return f"{pad}if {condition}:\n{pad}    {call}\n"
 
 
+def after(line: str, *added: str) -> tuple:
+    """A (pattern, replacement) pair: source lines added after `line`."""
+    return line, line + "".join(added)
+
+
 def replacements() -> list:
     """(pattern, replacement) pairs of the stamped program (gqa_prefill_ws, gqa_prefill_items)."""
     first, second = "(tx == 0) & (items_done[0] == 0)", "(tx == 0) & (items_done[0] == 1)"
-    consumer = "(tx == 0) & (items_done[0] == 0)"
     grown = f"Scheduler: T.Tensor([2 + {MAX_BLOCKS * SLOTS}], T.int32),"
+    epilogue = "        # TileLang puts a consumer barrier before the copy into O_shared:\n"
+    load_q = "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n"
+    consume_end = "                            kv_source.out_scale(kv),\n"
+    producer_end = "                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
+    items = f"Scheduler[2 + block * {SLOTS} + {ITEMS}] = items_done[0]"
     return [
         ("Scheduler: T.Tensor([2], T.int32),", grown),
         # the prelude: the K/V source's and the stamp
@@ -75,13 +84,11 @@ def replacements() -> list:
          f"{PRELUDE!r}\n\n    @T.macro\n    def Body("),
         ('prelude=getattr(kv_source, "prelude", None)) as block:',
          "prelude=stamp_prelude) as block:"),
-        ("            scale_log2 = sm_scale * LOG2_E\n",
-         "            scale_log2 = sm_scale * LOG2_E\n"
-         + stamp("Scheduler", "block start", "tx == 0", 12)),
+        after("            scale_log2 = sm_scale * LOG2_E\n",
+              stamp("Scheduler", "block start", "tx == 0", 12)),
         # the producer: the first take, the next Q; Scheduler reaches LoadItem through `load`
-        ("                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n",
-         "                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n"
-         + stamp("Scheduler", "first atomic add (producer)", "fetched[0] == 0", 16)),
+        after("                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n",
+              stamp("Scheduler", "first atomic add (producer)", "fetched[0] == 0", 16)),
         ("        T.mbarrier_arrive(item_full[slot])\n        return item\n",
          "        T.mbarrier_arrive(item_full[slot])\n"
          + stamp("Scheduler", "first item published (producer)",
@@ -89,47 +96,35 @@ def replacements() -> list:
          + "        return item\n"),
         ("        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx = load\n",
          "        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx, Sched = load\n"),
-        ("        if loader_warps == 1:\n"
-         "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n",
-         "        if loader_warps == 1:\n"
-         "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n"
-         + stamp("Sched", "next Q issued (producer)",
-                 "(tx == consumer_threads) & (items_done[0] == 1)", 12)),
+        after("        if loader_warps == 1:\n" + load_q,
+              stamp("Sched", "next Q issued (producer)",
+                    "(tx == consumer_threads) & (items_done[0] == 1)", 12)),
         ("(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx,\n",
          "(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx, Scheduler,\n"),
-        ("                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
-         "            else:\n",
-         "                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
-         + stamp("Scheduler", "producer exits", "tx == consumer_threads", 16)
+        # (the multi-loader branch's call, the one followed by the consumers' branch)
+        (producer_end + "            else:\n",
+         producer_end + stamp("Scheduler", "producer exits", "tx == consumer_threads", 16)
          + "            else:\n"),
         # the consumers: Scheduler and tx reach ConsumeItem as arguments
         ("ring, Output, LSE, scale_log2, poisoned, out_scale,\n    ):  # fmt: skip",
          "ring, Output, LSE, scale_log2, poisoned, out_scale, Sched, tx,\n    ):  # fmt: skip"),
-        ("        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n",
-         "        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n"
-         + stamp("Sched", "Q landed", first, 8) + stamp("Sched", "next Q landed", second, 8)),
-        ("        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n",
-         "        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n"
-         + stamp("Sched", "K tile 0 landed", first, 8)),
-        ("        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n",
-         "        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n"
-         + stamp("Sched", "Q's buffer freed (q_empty)", first, 8)),
-        ("        # TileLang puts a consumer barrier before the copy into O_shared:\n",
-         stamp("Sched", "epilogue start", first, 8)
-         + "        # TileLang puts a consumer barrier before the copy into O_shared:\n"),
-        ("            q_start, q_tile, seq_q, head, poisoned, out_scale,\n        )  # fmt: skip\n",
-         "            q_start, q_tile, seq_q, head, poisoned, out_scale,\n        )  # fmt: skip\n"
-         + stamp("Sched", "epilogue end", first, 8)),
-        ("                    ReceiveItem(hand, indptr, Output, LSE)\n",
-         "                    ReceiveItem(hand, indptr, Output, LSE)\n"
-         + stamp("Scheduler", "first item received (consumers)", consumer, 20)),
-        ("                            kv_source.out_scale(kv),\n"
-         "                        )  # fmt: skip\n",
+        after("        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n",
+              stamp("Sched", "Q landed", first, 8), stamp("Sched", "next Q landed", second, 8)),
+        after("        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n",
+              stamp("Sched", "K tile 0 landed", first, 8)),
+        after("        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n",
+              stamp("Sched", "Q's buffer freed (q_empty)", first, 8)),
+        (epilogue, stamp("Sched", "epilogue start", first, 8) + epilogue),
+        after("            q_start, q_tile, seq_q, head, poisoned, out_scale,\n"
+              "        )  # fmt: skip\n",
+              stamp("Sched", "epilogue end", first, 8)),
+        after("                    ReceiveItem(hand, indptr, Output, LSE)\n",
+              stamp("Scheduler", "first item received (consumers)", first, 20)),
+        (consume_end + "                        )  # fmt: skip\n",
          "                            kv_source.out_scale(kv), Scheduler, tx,\n"
          "                        )  # fmt: skip\n"
          + stamp("Scheduler", "last item end", "tx == 0", 24)
-         + "                        if tx == 0:\n"
-         f"                            Scheduler[2 + block * {SLOTS} + {ITEMS}] = items_done[0]\n"
+         + f"                        if tx == 0:\n                            {items}\n"
          + stamp("Scheduler", "consumers exit", "tx == 0", 16)),
     ]  # fmt: skip
 

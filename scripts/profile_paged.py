@@ -45,14 +45,8 @@ from prefill_bundle.workloads import (
 def main():
     name = sys.argv[1]
     workload = sys.argv[2] if len(sys.argv) > 2 else "chunked_prefill_2k_over_8k"
-    if workload.startswith("padded:"):
-        batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
-        case = PaddedCase(batch, seq_q, seq_kv, bool(causal))
-        profile(build_solution_or_file(name), case, make_inputs(case, "cuda", seed=0))
-        return
-    ragged = next((b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == workload), None)
-    if ragged is not None:
-        case = RaggedCase(ragged.q_lens, ragged.kv_lens, window_left=ragged.window_left)
+    case = contiguous_case(workload)
+    if case is not None:  # the inputs as the tests make them
         profile(build_solution_or_file(name), case, make_inputs(case, "cuda", seed=0))
         return
     batch = next(b for b in PAGED_BATCHES if b.name == workload)
@@ -67,6 +61,17 @@ def main():
              else x for x in paged]  # fmt: skip
     args = gathered(case, paged) if stem.endswith("_ragged") else paged
     profile(build_solution_or_file(name), case, args)
+
+
+def contiguous_case(workload: str):
+    """The padded shape's or the ragged / window workload's case; None for a paged workload."""
+    if workload.startswith("padded:"):
+        batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
+        return PaddedCase(batch, seq_q, seq_kv, bool(causal))
+    ragged = next((b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == workload), None)
+    if ragged is not None:
+        return RaggedCase(ragged.q_lens, ragged.kv_lens, window_left=ragged.window_left)
+    return None
 
 
 def profile(fn, case, args):

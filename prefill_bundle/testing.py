@@ -439,6 +439,32 @@ def rewritten_kernel_module(folder: Path, name: str, replacements: list):
     return importlib.import_module(f"{name}.gqa_prefill_kernel")
 
 
+def compile_fresh(kernels, dtype: str, causal: bool, **config):
+    """(kernel, ptxas's verbose report) of a variant of a TileLang kernel module (config:
+    compile_variant's), compiled past TileLang's caches."""
+    import io
+    import logging
+    import os
+    import time
+    from unittest import mock
+
+    import tilelang
+
+    report = io.StringIO()
+    handler = logging.StreamHandler(report)
+    logging.getLogger("tilelang").addHandler(handler)  # TILELANG_VERBOSE: ptxas's report
+    tilelang.disable_cache()  # really compile, whatever an earlier run left on disk
+    try:
+        start = time.perf_counter()
+        with mock.patch.dict(os.environ, {"TILELANG_VERBOSE": "1"}):
+            kernel = kernels.compile_variant(dtype, causal, target=kernels.SM90A, **config)
+        print(f"compiled {dtype} causal={causal} {config} in {time.perf_counter() - start:.1f} s")
+    finally:
+        tilelang.enable_cache()
+        logging.getLogger("tilelang").removeHandler(handler)
+    return kernel, report.getvalue()
+
+
 def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in fp32: the GPU scripts' accuracy figure (nan or
     inf where actual is not finite)."""

@@ -1,17 +1,20 @@
 """On the GPU: where the TileLang warp-specialized program's time goes around its work items, from
-clock64 stamps. The kernel's modules are rewritten (prefill_bundle.testing.rewritten_kernel_module)
-so that one thread of each role writes the SM clock at the item hand-overs into a grown
-Scheduler buffer (2 work counters + STAMPS slots a block); the causal ragged or the window
-program (bfloat16) then runs on a workload's inputs, and the script prints each event's cycles
-from the block's start (median / min / max over the blocks), an item's cost and the fixed cost:
+SM clock stamps. The kernel's modules are rewritten (prefill_bundle.testing.rewritten_kernel_module)
+so that one thread of each role writes the SM clock at the item hand-overs into shared memory,
+copied at the end into a grown Scheduler buffer (2 work counters + SLOTS slots a block); the
+causal ragged or the window program (bfloat16) then runs on a workload's inputs, and the script
+prints each event's cycles from the block's start (median / min / max over the blocks), an
+item's cost and the fixed cost:
 
     python scripts/tilelang_timeline.py chunked_prefill_2k_over_16k_window_4096 padded:8,2048
 
 A ragged or window workload's name (prefill_bundle.workloads), or padded:BATCH,SEQ (causal).
-Events 1-10 are the block's first item and the start of its second. tilelang/TUNING.md ("An
-item's transitions") read the 2K chunk and 8x2048 causal this way. The stamps cost a few
-instructions an item and change the program's registers: read gaps, not absolute speed.
-tests/test_tilelang_compile.py compiles the stamped window program (the anchors still exist).
+Events 1-10 are the block's first item and the start of its second. The stamps cost a few
+instructions an item; the script refuses a stamped program that spills registers (the shipped
+ones spill none). Until 2026-11-28 (12) they did spill (88-108 bytes: stamps stored to global
+memory, one at the producer's exit), so the timelines in tilelang/TUNING.md ("An item's
+transitions") before that date timed a slower program than the shipped one.
+tests/test_tilelang_compile.py compiles the stamped programs (the anchors still exist, no spills).
 """
 
 import statistics
@@ -20,7 +23,13 @@ import tempfile
 
 import torch
 
-from prefill_bundle.testing import RaggedCase, make_inputs, rewritten_kernel_module
+from prefill_bundle.cuda_build import ptxas_report
+from prefill_bundle.testing import (
+    RaggedCase,
+    compile_fresh,
+    make_inputs,
+    rewritten_kernel_module,
+)
 from prefill_bundle.workloads import RAGGED_BATCHES, SWA_BATCHES, RaggedBatch
 
 SLOTS = 16  # stamp slots a block
@@ -40,25 +49,40 @@ EVENTS = [
     "last item end",
     "items",
     "consumers exit",
-    "producer exits",
 ]
 ITEMS = EVENTS.index("items")
 
-PRELUDE = (
-    """
-__device__ __forceinline__ void tl_stamp(int* stamps, int event) {
-  stamps[2 + blockIdx.x * %d + event] = (int)clock64();
+# The stamps go to shared memory (a static array of SLOTS ints, one store of the SM clock's low
+# word), and the consumers' thread 0 copies them out when it leaves (so a producer exit after it
+# is not read). Stamps written straight to the global buffer, and a copy by the producer warp
+# too, made the stamped program spill (its producer warp has 24 registers; 88-108 bytes,
+# 2026-11-28 (12)): it timed a slower program than the shipped one. stamped_kernels checks.
+PRELUDE = """
+__device__ __forceinline__ int* tl_stamp_slots() {
+  __shared__ int slots[%d];
+  return slots;
 }
-"""
-    % SLOTS
-)
+__device__ __forceinline__ void tl_stamp(int event) { tl_stamp_slots()[event] = (int)clock(); }
+__device__ __forceinline__ void tl_stamp_value(int event, int value) {
+  tl_stamp_slots()[event] = value;
+}
+__device__ __forceinline__ void tl_stamp_flush(int* stamps) {
+  for (int i = 0; i < %d; ++i) stamps[2 + blockIdx.x * %d + i] = tl_stamp_slots()[i];
+}
+""" % (SLOTS, SLOTS, SLOTS)
 
 
-def stamp(buffer: str, event: str, condition: str, indent: int) -> str:
-    """Source lines: if condition, write the clock into `buffer`'s slot of `event`."""
+def stamp(event: str, condition: str, indent: int) -> str:
+    """Source lines: if condition, write the clock into `event`'s slot."""
     pad = " " * indent
-    slot = EVENTS.index(event)
-    call = f'T.call_extern("handle", "tl_stamp", T.access_ptr({buffer}, "w"), {slot})'
+    call = f'T.call_extern("handle", "tl_stamp", {EVENTS.index(event)})'
+    return f"{pad}if {condition}:\n{pad}    {call}\n"
+
+
+def flush(condition: str, indent: int) -> str:
+    """Source lines: if condition, copy the block's slots into Scheduler (after its counters)."""
+    pad = " " * indent
+    call = 'T.call_extern("handle", "tl_stamp_flush", T.access_ptr(Scheduler, "w"))'
     return f"{pad}if {condition}:\n{pad}    {call}\n"
 
 
@@ -74,8 +98,7 @@ def replacements() -> list:
     epilogue = "        # TileLang puts a consumer barrier before the copy into O_shared:\n"
     load_q = "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n"
     consume_end = "                            kv_source.out_scale(kv),\n"
-    producer_end = "                        FetchItem(hand, lambda: ProduceItem(tile, load))\n"
-    items = f"Scheduler[2 + block * {SLOTS} + {ITEMS}] = items_done[0]"
+    items = f'T.call_extern("handle", "tl_stamp_value", {ITEMS}, items_done[0])'
     return [
         ("Scheduler: T.Tensor([2], T.int32),", grown),
         # the prelude: the K/V source's and the stamp
@@ -84,57 +107,54 @@ def replacements() -> list:
          f"{PRELUDE!r}\n\n    @T.macro\n    def Body("),
         ('prelude=getattr(kv_source, "prelude", None)) as block:',
          "prelude=stamp_prelude) as block:"),
-        after("            scale_log2 = sm_scale * LOG2_E\n",
-              stamp("Scheduler", "block start", "tx == 0", 12)),
-        # the producer: the first take, the next Q; Scheduler reaches LoadItem through `load`
+        after("            scale_log2 = sm_scale * LOG2_E\n", stamp("block start", "tx == 0", 12)),
+        # the producer: the first take, the next Q
         after("                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n",
-              stamp("Scheduler", "first atomic add (producer)", "fetched[0] == 0", 16)),
+              stamp("first atomic add (producer)", "fetched[0] == 0", 16)),
         ("        T.mbarrier_arrive(item_full[slot])\n        return item\n",
          "        T.mbarrier_arrive(item_full[slot])\n"
-         + stamp("Scheduler", "first item published (producer)",
+         + stamp("first item published (producer)",
                  "(tx == consumer_threads) & (fetched[0] == 0)", 8)
          + "        return item\n"),
-        ("        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx = load\n",
-         "        inputs, buffers, q_bars, bars, items_done, ring, scratch, tx, Sched = load\n"),
         after("        if loader_warps == 1:\n" + load_q,
-              stamp("Sched", "next Q issued (producer)",
+              stamp("next Q issued (producer)",
                     "(tx == consumer_threads) & (items_done[0] == 1)", 12)),
-        ("(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx,\n",
-         "(k_full, k_empty, v_full, v_empty), items_done, ring, scratch, tx, Scheduler,\n"),
-        # (the multi-loader branch's call, the one followed by the consumers' branch)
-        (producer_end + "            else:\n",
-         producer_end + stamp("Scheduler", "producer exits", "tx == consumer_threads", 16)
-         + "            else:\n"),
-        # the consumers: Scheduler and tx reach ConsumeItem as arguments
+        # the consumers: tx reaches ConsumeItem as an argument
         ("ring, Output, LSE, scale_log2, poisoned, out_scale,\n    ):  # fmt: skip",
-         "ring, Output, LSE, scale_log2, poisoned, out_scale, Sched, tx,\n    ):  # fmt: skip"),
+         "ring, Output, LSE, scale_log2, poisoned, out_scale, tx,\n    ):  # fmt: skip"),
         after("        T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)\n",
-              stamp("Sched", "Q landed", first, 8), stamp("Sched", "next Q landed", second, 8)),
+              stamp("Q landed", first, 8), stamp("next Q landed", second, 8)),
         after("        T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)\n",
-              stamp("Sched", "K tile 0 landed", first, 8)),
+              stamp("K tile 0 landed", first, 8)),
         after("        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done\n",
-              stamp("Sched", "Q's buffer freed (q_empty)", first, 8)),
-        (epilogue, stamp("Sched", "epilogue start", first, 8) + epilogue),
+              stamp("Q's buffer freed (q_empty)", first, 8)),
+        (epilogue, stamp("epilogue start", first, 8) + epilogue),
         after("            q_start, q_tile, seq_q, head, poisoned, out_scale,\n"
               "        )  # fmt: skip\n",
-              stamp("Sched", "epilogue end", first, 8)),
+              stamp("epilogue end", first, 8)),
         after("                    ReceiveItem(hand, indptr, Output, LSE)\n",
-              stamp("Scheduler", "first item received (consumers)", first, 20)),
+              stamp("first item received (consumers)", first, 20)),
         (consume_end + "                        )  # fmt: skip\n",
-         "                            kv_source.out_scale(kv), Scheduler, tx,\n"
+         "                            kv_source.out_scale(kv), tx,\n"
          "                        )  # fmt: skip\n"
-         + stamp("Scheduler", "last item end", "tx == 0", 24)
+         + stamp("last item end", "tx == 0", 24)
          + f"                        if tx == 0:\n                            {items}\n"
-         + stamp("Scheduler", "consumers exit", "tx == 0", 16)),
+         + stamp("consumers exit", "tx == 0", 16) + flush("tx == 0", 16)),
     ]  # fmt: skip
 
 
 def stamped_kernels(folder, windows) -> dict:
     """window -> the stamped module's compiled program (bfloat16; window False: the causal
-    ragged one), for the windows asked only: each compile is ~40 s."""
+    ragged one), for the windows asked only: each compile is ~40 s. Refused if ptxas spills
+    registers in it (the shipped programs spill none: the stamps would time another program)."""
     module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements())
-    return {window: module.compile_variant("bfloat16", True, window=window)
-            for window in set(windows)}  # fmt: skip
+    kernels = {}
+    for window in set(windows):
+        kernels[window], ptxas = compile_fresh(module, "bfloat16", True, window=window)
+        spills = {name: r[1:] for name, r in ptxas_report(ptxas).items() if any(r[1:])}
+        if spills:
+            sys.exit(f"the stamped program spills (stores, loads, stack bytes): {spills}")
+    return kernels
 
 
 def batch_of(name: str) -> RaggedBatch:

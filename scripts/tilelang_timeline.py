@@ -53,10 +53,11 @@ EVENTS = [
 ITEMS = EVENTS.index("items")
 
 # The stamps go to shared memory (a static array of SLOTS ints, one store of the SM clock's low
-# word), and the consumers' thread 0 copies them out when it leaves (so a producer exit after it
-# is not read). Stamps written straight to the global buffer, and a copy by the producer warp
-# too, made the stamped program spill (its producer warp has 24 registers; 88-108 bytes,
-# 2026-11-28 (12)): it timed a slower program than the shipped one. stamped_kernels checks.
+# word), and the consumers' thread 0 copies them out when it leaves (the producer's last stamp
+# is at the block's second item). Stamps written straight to the global buffer, and a stamp or a
+# copy at the producer's exit, made the stamped program spill (its producer warp has 24
+# registers; 88-108 bytes, 2026-11-28 (12)): it timed a slower program than the shipped one.
+# stamped_kernels checks.
 PRELUDE = """
 __device__ __forceinline__ int* tl_stamp_slots() {
   __shared__ int slots[%d];

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import io
+import logging
 import math
+import os
 import sys
+import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from unittest import mock
 
 import torch
 from flashinfer_bench import Definition, Solution
@@ -399,27 +404,13 @@ def tilelang_kernels(name_or_runnable="tilelang_ragged"):
     return importlib.import_module(entry.__name__.rpartition(".")[0] + ".gqa_prefill_kernel")
 
 
-# The TileLang kernel's modules (gqa_prefill_kernel.py imports the others relatively).
-TILELANG_KERNEL_FILES = (
-    "gqa_prefill_kernel.py",
-    "gqa_prefill_shapes.py",
-    "gqa_prefill_kv.py",
-    "gqa_prefill_ragged.py",
-    "gqa_prefill_fp8.py",
-    "gqa_prefill_steps.py",
-    "gqa_prefill_ws.py",
-    "gqa_prefill_items.py",
-    "gqa_prefill_pipelined.py",
-    "gqa_prefill_split.py",
-)
-
-
 def rewritten_kernel_module(folder: Path, name: str, replacements: list):
     """The TileLang solution's gqa_prefill_kernel.py and its sibling modules with their source
     text rewritten ((pattern, replacement) pairs; each pattern must occur in one of them), as
-    package `name` under folder; returns its gqa_prefill_kernel."""
+    package `name` under folder; returns its gqa_prefill_kernel (which imports the other
+    gqa_prefill_*.py modules relatively; the entry, tilelang_prefill.py, is left out)."""
     source = Path(importlib.util.find_spec(tilelang_kernels().__name__).origin).parent
-    texts = {f: (source / f).read_text() for f in TILELANG_KERNEL_FILES}
+    texts = {f.name: f.read_text() for f in sorted(source.glob("gqa_prefill_*.py"))}
     for pattern, replacement in replacements:
         assert any(pattern in text for text in texts.values()), (
             f"the kernel no longer contains {pattern!r}"
@@ -442,12 +433,6 @@ def rewritten_kernel_module(folder: Path, name: str, replacements: list):
 def compile_fresh(kernels, dtype: str, causal: bool, **config):
     """(kernel, ptxas's verbose report) of a variant of a TileLang kernel module (config:
     compile_variant's), compiled past TileLang's caches."""
-    import io
-    import logging
-    import os
-    import time
-    from unittest import mock
-
     import tilelang
 
     report = io.StringIO()

@@ -101,6 +101,11 @@ SWA_BATCHES = [
 ]
 
 
+def ragged_batch_named(name: str) -> RaggedBatch | None:
+    """The ragged or sliding-window workload batch called `name` (None if there is none)."""
+    return next((b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == name), None)
+
+
 def check_every_row_sees_a_key(batch: RaggedBatch) -> None:
     for q_len, kv_len in zip(batch.q_lens, batch.kv_lens):
         if q_len > 0 and q_len > kv_len:

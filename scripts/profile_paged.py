@@ -37,8 +37,7 @@ from prefill_bundle.workloads import (
     FP8_K_SCALE,
     FP8_V_SCALE,
     PAGED_BATCHES,
-    RAGGED_BATCHES,
-    SWA_BATCHES,
+    ragged_batch_named,
 )
 
 
@@ -68,7 +67,7 @@ def contiguous_case(workload: str):
     if workload.startswith("padded:"):
         batch, seq_q, seq_kv, causal = map(int, workload.split(":")[1].split(","))
         return PaddedCase(batch, seq_q, seq_kv, bool(causal))
-    ragged = next((b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == workload), None)
+    ragged = ragged_batch_named(workload)
     if ragged is not None:
         return RaggedCase(ragged.q_lens, ragged.kv_lens, window_left=ragged.window_left)
     return None

@@ -30,7 +30,7 @@ from prefill_bundle.testing import (
     make_inputs,
     rewritten_kernel_module,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES, SWA_BATCHES, RaggedBatch
+from prefill_bundle.workloads import RaggedBatch, ragged_batch_named
 
 SLOTS = 16  # stamp slots a block
 MAX_BLOCKS = 132  # an H100's SMs: the persistent grid
@@ -73,18 +73,21 @@ __device__ __forceinline__ void tl_stamp_flush(int* stamps) {
 """ % (SLOTS, SLOTS, SLOTS)
 
 
+def guarded(call: str, condition: str, indent: int) -> str:
+    """Source lines: `call` if condition."""
+    pad = " " * indent
+    return f"{pad}if {condition}:\n{pad}    {call}\n"
+
+
 def stamp(event: str, condition: str, indent: int) -> str:
     """Source lines: if condition, write the clock into `event`'s slot."""
-    pad = " " * indent
-    call = f'T.call_extern("handle", "tl_stamp", {EVENTS.index(event)})'
-    return f"{pad}if {condition}:\n{pad}    {call}\n"
+    return guarded(f'T.call_extern("handle", "tl_stamp", {EVENTS.index(event)})', condition, indent)
 
 
 def flush(condition: str, indent: int) -> str:
     """Source lines: if condition, copy the block's slots into Scheduler (after its counters)."""
-    pad = " " * indent
     call = 'T.call_extern("handle", "tl_stamp_flush", T.access_ptr(Scheduler, "w"))'
-    return f"{pad}if {condition}:\n{pad}    {call}\n"
+    return guarded(call, condition, indent)
 
 
 def after(line: str, *added: str) -> tuple:
@@ -139,7 +142,7 @@ def replacements() -> list:
          "                            kv_source.out_scale(kv), tx,\n"
          "                        )  # fmt: skip\n"
          + stamp("last item end", "tx == 0", 24)
-         + f"                        if tx == 0:\n                            {items}\n"
+         + guarded(items, "tx == 0", 24)
          + stamp("consumers exit", "tx == 0", 16) + flush("tx == 0", 16)),
     ]  # fmt: skip
 
@@ -162,7 +165,9 @@ def batch_of(name: str) -> RaggedBatch:
     if name.startswith("padded:"):
         batch, seq = map(int, name.split(":")[1].split(","))
         return RaggedBatch(name, (seq,) * batch, (seq,) * batch)
-    return next(b for b in RAGGED_BATCHES + SWA_BATCHES if b.name == name)
+    batch = ragged_batch_named(name)
+    assert batch is not None, f"no ragged or window workload {name!r}"
+    return batch
 
 
 def timeline(kernels: dict, batch: RaggedBatch) -> None:

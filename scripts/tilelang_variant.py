@@ -30,8 +30,8 @@ _VARIANT_KNOBS = {knobs!r}
 _shipped_block_config = block_config
 
 
-def block_config(dtype, causal):
-    return {{**_shipped_block_config(dtype, causal), **_VARIANT_KNOBS}}
+def block_config(dtype, causal, *args, **kwargs):
+    return {{**_shipped_block_config(dtype, causal, *args, **kwargs), **_VARIANT_KNOBS}}
 '''
 
 

@@ -105,6 +105,8 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
     assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
     assert "exp2" in source
+    # Causal: the warpgroups take turns issuing their GEMMs (block_config's pingpong).
+    assert ("tl::__named_barrier_arrive(" in source) == causal
 
 
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)

@@ -94,6 +94,7 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T
     assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
     assert "tl::tma_load(Q_desc" in source
+    assert "tl::__named_barrier_arrive(" not in source  # no pingpong (block_config)
     # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
     # stage's barrier.
     assert "tl::mbarrier_cp_async_arrive(" in source

@@ -79,6 +79,7 @@ def test_window_compiles_for_sm90a(dtype):
     assert "tl::tma_load(K_desc" in source and "tl::tma_load(V_desc" in source
     assert "tl::warpgroup_reg_dealloc<24>" in source
     assert "int window_left" in source  # a runtime argument: one kernel for every window
+    assert "tl::__named_barrier_arrive(" not in source  # no pingpong (block_config)
     # The item's keys start at its band's first key tile (128-key tiles).
     assert "max((((tile[4] + tile[3]) - tile[1]) - window_left), 0) >> 7) * 128" in source
     # The band's left edge: masked tiles, then the unmasked interior, then the diagonal.

@@ -72,13 +72,18 @@ PACK_SPLIT_VARIANTS = [variant for variant in PACK_VARIANTS if variant != ("floa
 DEFAULT_NUM_SMS = 132
 
 
-def block_config(dtype: str, causal: bool) -> dict:
+def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     """Tile sizes and schedule per variant (measured with scripts/tune_tilelang.py: TUNING.md).
     Causal items are short, so each block's prologue and epilogue weigh: the causal kernel is
-    persistent (128 x 176 does not fit persistent: its output buffer would make 240 KB)."""
+    persistent (128 x 176 does not fit persistent: its output buffer would make 240 KB).
+    contiguous: K/V in ragged rows without a window. Only there do the causal warpgroups take
+    turns (pingpong: +1-3% on causal padded and ragged batches; the window, paged and FP8
+    programs lost up to 10% with it: TUNING.md, "An item's transitions")."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
-        return dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True)
+        return dict(
+            block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous
+        )  # fmt: skip
     return dict(block_M=128, block_N=176, num_stages=2, ws=True)
 
 
@@ -179,7 +184,8 @@ def compile_variant(
     sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
     workspaces; pack: GQA head packing); config defaults to block_config(dtype, causal), packed
     to pack_config()."""
-    config = config or (pack_config() if pack else block_config(dtype, causal))
+    contiguous = page_size is None and not window
+    config = config or (pack_config() if pack else block_config(dtype, causal, contiguous))
     func = gqa_prefill(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
         cache_dtype=cache_dtype, split=split, pack=pack, **config,

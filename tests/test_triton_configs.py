@@ -7,12 +7,15 @@ import torch
 
 from prefill_bundle.testing import (
     PaddedCase,
+    PagedCase,
     RaggedCase,
+    build_solution,
     check_outputs,
     entry_module,
     make_inputs,
     poisoned_outputs,
     reference_outputs,
+    run_runnable,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,3 +92,38 @@ def test_plans_pair_row_blocks_over_long_keys(monkeypatch, tokens, keys, batch, 
     meta = module._launch_config(tokens, lambda t: batch * tokens // t + batch, 132, True,
                                  keys_per_seq=keys)  # fmt: skip
     assert (meta["ROW_BLOCKS"] == 2) == paired, meta
+
+
+PLAN_CASES = [
+    ("triton_mini", PaddedCase(2, 37, 53, True)),
+    ("triton_mini", PaddedCase(1, 45, 20, False)),
+    ("triton_ragged", RaggedCase((21, 0, 40), (30, 0, 40))),
+    ("triton_swa", RaggedCase((21, 40), (30, 40), window_left=8)),
+    ("triton_paged_ps64", PagedCase((9, 3), (70, 3), 64)),
+    ("triton_paged_ps1", PagedCase((9, 3), (70, 3), 1)),
+    ("triton_fp8kv", PagedCase((9, 3), (70, 3), 64, fp8_scales=(2.0, 0.5))),
+    ("triton_fp8kv", PagedCase((9, 3), (70, 3), 64, torch.float16, fp8_scales=(1.0, 1.0))),
+]
+
+
+@pytest.mark.parametrize("solution, case", PLAN_CASES, ids=lambda x: getattr(x, "id", x))
+def test_every_plan_gives_the_compiled_kernel_each_constexpr(monkeypatch, solution, case):
+    """Off the interpreter a plan's compiled kernel is launched with its constexprs listed in
+    signature order (_cached_launch), a path the CPU tests never take: every plan must give each
+    one a value, or the kernel's default (a plan without FP8_QK, which only the paged plans
+    set, once failed every other Triton solution on the GPU). FP8_QK: FP8 caches, bf16 q."""
+    module = triton_module(solution)
+    plans = []
+    monkeypatch.setattr(module, "_launch", lambda grid, meta, runners, args: plans.append(meta))
+    run_runnable(build_solution(solution), case, make_inputs(case, DEVICE, seed=3))
+    (meta,) = plans
+    kernel = module.gqa_prefill_fwd
+    values = module.compiled_constexprs(kernel, module._attention_constexprs(meta))
+    names = [name for name, _ in module._constexpr_parameters(kernel)]
+    assert len(values) == len(names) and "FP8_QK" in names
+    fp8_qk = solution == "triton_fp8kv" and case.dtype == torch.bfloat16
+    assert dict(zip(names, values))["FP8_QK"] == fp8_qk
+    without_default = module._attention_constexprs(meta)
+    del without_default["HEAD_DIM"]
+    with pytest.raises(KeyError, match="HEAD_DIM"):
+        module.compiled_constexprs(kernel, without_default)

@@ -47,7 +47,8 @@ def run_fp8(inputs) -> list:
 def test_fp8_is_the_bf16_kernel_on_dequantized_caches(monkeypatch):
     """The launch gets the FP8 caches (not a copy); e4m3 -> bf16 is exact and power-of-two scales
     are too, so the bf16 kernel on k_cache * 2, v_cache * 0.5 (in bf16) computes the same
-    logits: the same LSE, and an output that differs only by where v_scale is applied."""
+    logits (bf16 q's Q K^T as two e4m3 products, split_q_fp8: the same up to fp32 rounding in
+    the interpreter), and an output that differs only by where v_scale is applied."""
     module = triton_module()
     inputs = make_inputs(CASE, DEVICE, seed=21)
     k_cache, v_cache = inputs[1:3]
@@ -62,8 +63,8 @@ def test_fp8_is_the_bf16_kernel_on_dequantized_caches(monkeypatch):
     bf16 = poisoned_outputs(CASE, inputs)
     module.run_paged_ps64(*dequantized, *inputs[3:7], inputs[-1], *bf16)
     check_outputs(fp8, bf16)
-    if not HAS_CUDA:  # the same logits in the same order
-        assert torch.equal(fp8[1], bf16[1])
+    if not HAS_CUDA:  # the same logits, summed in another order
+        torch.testing.assert_close(fp8[1], bf16[1], rtol=1e-5, atol=1e-5)
     check_outputs(fp8, reference_outputs(CASE, inputs))
 
 
@@ -97,6 +98,48 @@ def test_cache_views_with_page_strides(layout):
                for a, b in zip(views, (k_cache, v_cache)))  # fmt: skip
     strided = inputs[:1] + views + inputs[3:]
     check_outputs(run_fp8(strided), reference_outputs(SMALL, inputs))
+
+
+@triton.jit
+def _split_rows(q_ptr, hi_ptr, lo_ptr, scale_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                INTERPRETED: tl.constexpr):  # fmt: skip
+    kv_loops = sys.modules[triton_module().__name__.rpartition(".")[0] + ".kv_loops"]
+    offsets = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    q_hi, q_lo, scales = kv_loops.split_q_fp8(tl.load(q_ptr + offsets), 3.0, INTERPRETED)
+    tl.store(hi_ptr + offsets, q_hi.to(tl.float32))
+    tl.store(lo_ptr + offsets, q_lo.to(tl.float32))
+    tl.store(scale_ptr + tl.arange(0, ROWS), scales)
+
+
+def test_q_split_into_two_e4m3_terms_is_exact():
+    """split_q_fp8 (FP8 caches under bf16 q): each term an e4m3 value, their sum q x 2^e_row
+    (the row's largest in [128, 256)) exactly from 1/4 up, within 2^-10 below (e4m3's
+    subnormal steps: 2^-17 of the row's largest), and the rows' scales 3.0 x 2^-e_row, for
+    rows of ordinary values, values that round up to a power of two (1.94 -> 2 in the top
+    term), a row whose largest is tiny or huge, and a row of zeros."""
+    rows = torch.randn(8, 32, generator=torch.Generator().manual_seed(5))
+    rows[1] = torch.linspace(1.875, 1.9999, 32)  # the top term's rounding carries
+    rows[2] *= 2.0**-60
+    rows[3] *= 2.0**70
+    rows[4] = 0.0
+    rows[5, 1:] *= 2.0**-11  # mostly below 1/4 once scaled
+    q = rows.to(torch.bfloat16).to(DEVICE)
+    q_hi, q_lo = torch.empty(2, 8, 32, device=DEVICE)
+    scales = torch.empty(8, device=DEVICE)
+    _split_rows[(1,)](q, q_hi, q_lo, scales, ROWS=8, COLS=32, INTERPRETED=not HAS_CUDA)
+    q, q_hi, q_lo, scales = (t.float().cpu() for t in (q, q_hi, q_lo, scales))
+    for term in (q_hi, q_lo):
+        assert torch.equal(term.to(FP8).float(), term)  # an e4m3 value already
+    top = q.abs().amax(1)
+    exponent = torch.where(top > 0, 7 - torch.floor(torch.log2(top)), 7 - -100.0)
+    torch.testing.assert_close(scales, 3.0 * torch.exp2(-exponent), rtol=0, atol=0)
+    scaled = q * torch.exp2(exponent)[:, None]
+    exact = scaled.abs() >= 0.25
+    assert torch.equal((q_hi + q_lo)[exact], scaled[exact])
+    assert ((q_hi + q_lo) - scaled).abs().max() <= 2.0**-10
+    assert (~exact[5]).sum() > 16 and exact.sum() > 200  # both regimes are tested
+    scaled_top = scaled.abs().amax(1)
+    assert ((scaled_top >= 128) & (scaled_top < 256) | (top == 0)).all()
 
 
 def test_fp8_and_bf16_plans_stay_apart():

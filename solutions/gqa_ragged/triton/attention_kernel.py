@@ -23,7 +23,7 @@ in kv_loops.py.
 import triton
 import triton.language as tl
 
-from .kv_loops import attend_kv_tiles, attend_kv_tiles_paired, band_start, round_to
+from .kv_loops import attend_kv_tiles, attend_kv_tiles_paired, band_start, round_to, split_q_fp8
 from .paged_kv import first_key_on_bad_page, poison_rows, sequence_keys
 from .ragged_batch import find_sequence, is_partition, poison_uncovered_rows, well_formed
 
@@ -126,6 +126,8 @@ def gqa_prefill_fwd(
     WRITE_LSE: tl.constexpr,
     INTERPRETED: tl.constexpr,  # Triton's CPU interpreter: work around its bf16 dot and cast
     KV_SPLITS: tl.constexpr,  # > 1: split-KV (decode-like batches, see below); 1: off
+    # FP8 caches with bf16 q: Q K^T as two e4m3 products on K as read (split_q_fp8)
+    FP8_QK: tl.constexpr = False,
     # Ragged: run only when the indptr arrays are not a partition (after the Gluon kernel,
     # which computes well-formed batches and leaves the others to this one).
     MALFORMED_ONLY: tl.constexpr = False,
@@ -209,6 +211,10 @@ def gqa_prefill_fwd(
     q_tile = tl.load(
         q + tile_row0 * Q_TOKEN_STRIDE + q_offsets, mask=row_in_seq[:, None], other=0.0
     )
+    q_lo = None
+    qk_scale_a = qk_scale
+    if FP8_QK:
+        q_tile, q_lo, qk_scale_a = split_q_fp8(q_tile, qk_scale, INTERPRETED)
 
     if PAGE_SIZE == 0:
         k_seq = k + kv_start * K_TOKEN_STRIDE + kv_head * HEAD_DIM
@@ -277,6 +283,10 @@ def gqa_prefill_fwd(
             mask=row_in_seq_b[:, None],
             other=0.0,
         )
+        q_lo_b = None
+        qk_scale_b = qk_scale
+        if FP8_QK:
+            q_tile_b, q_lo_b, qk_scale_b = split_q_fp8(q_tile_b, qk_scale, INTERPRETED)
         if CAUSAL:
             last_token_b = tl.minimum(first_token + 2 * BLOCK_TOKENS, q_len) - 1
             kv_end_b = tl.maximum(tl.minimum(last_token_b + causal_shift + 1, kv_len), 0)
@@ -292,29 +302,29 @@ def gqa_prefill_fwd(
         # rows' addresses stays live across the unmasked loop, which needs every register it
         # can get (255, spilling otherwise).
         acc, m_i, l_i, acc_b, m_b, l_b = attend_kv_tiles_paired(
-            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, window_left, qk_scale,
-            pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
-            V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
-            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True,
-            INTERPRETED=INTERPRETED,
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, q_lo, q_lo_b, k_seq, v_seq,
+            query_pos, query_pos_b, kv_full_end, kv_end_b, kv_len, causal_shift, window_left,
+            qk_scale_a, qk_scale_b, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
+            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW,
+            MASKED=True, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         if WINDOW:  # the band's left edge, masked, before the unmasked loop too
             acc, m_i, l_i, acc_b, m_b, l_b = attend_kv_tiles_paired(
-                acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-                query_pos_b, kv_lo, kv_band_full, kv_len, causal_shift, window_left, qk_scale,
-                pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+                acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, q_lo, q_lo_b, k_seq, v_seq,
+                query_pos, query_pos_b, kv_lo, kv_band_full, kv_len, causal_shift, window_left,
+                qk_scale_a, qk_scale_b, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
                 K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL,
                 WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,
             )  # fmt: skip
         acc, m_i, l_i, acc_b, m_b, l_b = attend_kv_tiles_paired(
-            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, k_seq, v_seq, query_pos,
-            query_pos_b, kv_band_full, kv_full_end, kv_len, causal_shift, window_left, qk_scale,
-            pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE,
-            V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE,
-            V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=False,
-            INTERPRETED=INTERPRETED,
+            acc, m_i, l_i, acc_b, m_b, l_b, q_tile, q_tile_b, q_lo, q_lo_b, k_seq, v_seq,
+            query_pos, query_pos_b, kv_band_full, kv_full_end, kv_len, causal_shift, window_left,
+            qk_scale_a, qk_scale_b, pages, num_pages, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE, PAGE_SIZE=PAGE_SIZE,
+            K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE, CAUSAL=CAUSAL, WINDOW=WINDOW,
+            MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         if PAGE_SIZE > 0:
             acc_b, m_b, l_b = poison_rows(acc_b, m_b, l_b, query_pos_b, causal_shift, poison_from)
@@ -327,22 +337,22 @@ def gqa_prefill_fwd(
     else:
         if WINDOW:  # the band's left edge, masked
             acc, m_i, l_i = attend_kv_tiles(
-                acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_lo, kv_band_full, kv_len,
-                causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+                acc, m_i, l_i, q_tile, q_lo, k_seq, v_seq, query_pos, kv_lo, kv_band_full, kv_len,
+                causal_shift, window_left, qk_scale_a, pages, num_pages, BLOCK_N=BLOCK_N,
                 HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
                 PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
                 CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,
             )  # fmt: skip
         acc, m_i, l_i = attend_kv_tiles(
-            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_band_full, kv_full_end, kv_len,
-            causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+            acc, m_i, l_i, q_tile, q_lo, k_seq, v_seq, query_pos, kv_band_full, kv_full_end, kv_len,
+            causal_shift, window_left, qk_scale_a, pages, num_pages, BLOCK_N=BLOCK_N,
             HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
             PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=False, INTERPRETED=INTERPRETED,
         )  # fmt: skip
         acc, m_i, l_i = attend_kv_tiles(
-            acc, m_i, l_i, q_tile, k_seq, v_seq, query_pos, kv_diag_lo, kv_end, kv_len,
-            causal_shift, window_left, qk_scale, pages, num_pages, BLOCK_N=BLOCK_N,
+            acc, m_i, l_i, q_tile, q_lo, k_seq, v_seq, query_pos, kv_diag_lo, kv_end, kv_len,
+            causal_shift, window_left, qk_scale_a, pages, num_pages, BLOCK_N=BLOCK_N,
             HEAD_DIM=HEAD_DIM, K_TOKEN_STRIDE=K_TOKEN_STRIDE, V_TOKEN_STRIDE=V_TOKEN_STRIDE,
             PAGE_SIZE=PAGE_SIZE, K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             CAUSAL=CAUSAL, WINDOW=WINDOW, MASKED=True, INTERPRETED=INTERPRETED,

@@ -36,6 +36,52 @@ def _scores(q, k, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
+def _scores_split(q_hi, q_lo, k, INTERPRETED: tl.constexpr):
+    """(q_hi + q_lo) @ k^T in fp32: two e4m3 products on the FP8 cache's own K (split_q_fp8)."""
+    if INTERPRETED:
+        return _scores(q_hi, k, INTERPRETED) + _scores(q_lo, k, INTERPRETED)
+    return tl.dot(q_lo, tl.trans(k), tl.dot(q_hi, tl.trans(k)))
+
+
+@triton.jit
+def _round_e4m3(x):
+    """fp32 x rounded to the nearest even e4m3 value, kept fp32 (the interpreter's own cast
+    drops the carry when rounding reaches the next power of two: 1.94 -> 1.0). Normal values
+    keep 3 mantissa bits; below 2^-6 e4m3 steps by 2^-9 (adding 1.5 x 2^14 rounds there). No
+    saturation: split_q_fp8's values stay below 256."""
+    bits = x.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+    subnormal = (x + 24576.0) - 24576.0
+    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def split_q_fp8(q, qk_scale, INTERPRETED: tl.constexpr):
+    """A bf16 Q tile as two e4m3 terms and the rows' softmax scales: q_hi + q_lo = q * 2^e_row
+    with e_row = 7 - floor(log2(max |q_row|)), so the row's largest value lands in [128, 256)
+    (e4m3 reaches 448), q_hi holds a value's top 4 significant bits and q_lo the next 4: bf16's
+    8 bits, exact but for values under 2^-10 of their row's largest (e4m3's subnormals).
+    Q K^T then runs as two FP8 products on an FP8 cache's K as it is read, no conversion, as
+    accurate as bf16 q (tilelang TUNING: one e4m3 term alone was 8-35x the normwise error);
+    qk_scale * 2^-e_row undoes the scaling in the softmax's one FMA. Exponents clamp to
+    [-100, 100] (an all-zero row: any scale; a bf16 row's largest is below 2^128). The
+    interpreter keeps both terms as fp32 values (_round_e4m3; _scores_split's fp32 dots)."""
+    values = q.to(tl.float32)
+    top = tl.max(tl.abs(values), 1).to(tl.int32, bitcast=True)
+    exponent = tl.minimum(tl.maximum(((top >> 23) & 0xFF) - 127, -100), 100)
+    scale = ((127 + 7 - exponent) << 23).to(tl.float32, bitcast=True)
+    unscale = ((127 - 7 + exponent) << 23).to(tl.float32, bitcast=True)
+    scaled = values * scale[:, None]
+    if INTERPRETED:
+        q_hi = _round_e4m3(scaled)
+        q_lo = _round_e4m3(scaled - q_hi)
+    else:
+        q_hi = scaled.to(tl.float8e4nv)
+        q_lo = (scaled - q_hi.to(tl.float32)).to(tl.float8e4nv)
+    return q_hi, q_lo, qk_scale * unscale
+
+
+@triton.jit
 def _accumulate(acc, alpha, p, v, INTERPRETED: tl.constexpr):
     """acc * alpha + p @ v, p rounded to v's dtype (the second tl.dot takes the input dtype)."""
     p = round_to(p, v.dtype, INTERPRETED)
@@ -45,18 +91,23 @@ def _accumulate(acc, alpha, p, v, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _softmax_unmasked(qk, m_i, l_i, qk_scale):
+def _softmax_unmasked(qk, m_i, l_i, qk_scale, ROW_SCALED: tl.constexpr):
     """The online-softmax step of a tile that every row sees completely: m_new is finite, so no
-    -inf guard; the scale is folded into one FMA per element. Returns p, alpha, m_new, l_new."""
+    -inf guard; the scale is folded into one FMA per element. Returns p, alpha, m_new, l_new.
+    ROW_SCALED: qk_scale is a vector, each row's own (split_q_fp8)."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    if ROW_SCALED:
+        p = tl.math.exp2(qk * qk_scale[:, None] - m_new[:, None])
+    else:
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
 def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_shift,
-                    window_left, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):  # fmt: skip
+                    window_left, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                    ROW_SCALED: tl.constexpr):  # fmt: skip
     """The online-softmax step of a tile that some rows see only in part (the causal diagonal,
     the sliding window's left edge, or keys past the sequence's end): hidden logits are -inf.
     Returns p, alpha, m_new, l_new."""
@@ -67,7 +118,10 @@ def _softmax_masked(qk, m_i, l_i, qk_scale, key_pos, in_seq, query_pos, causal_s
         visible = visible & (
             key_pos[None, :] >= (query_pos + (causal_shift - window_left))[:, None]
         )
-    logits = tl.where(visible, qk * qk_scale, float("-inf"))
+    if ROW_SCALED:
+        logits = tl.where(visible, qk * qk_scale[:, None], float("-inf"))
+    else:
+        logits = tl.where(visible, qk * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
     # A row that has seen no key yet keeps max -inf; subtract 0 instead so that exp2 gives 0
     # rather than NaN (-inf - -inf).
@@ -143,6 +197,7 @@ def attend_kv_tiles(
     m_i,
     l_i,
     q,
+    q_lo,
     k_seq,
     v_seq,
     query_pos,
@@ -173,7 +228,8 @@ def attend_kv_tiles(
     max, l_i the running sum of exp2(logit - m_i). MASKED is False only for tiles that every row
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
     PAGE_SIZE > 0: k_seq and v_seq are paged caches at the KV head, pages the sequence's page
-    ids (paged_kv.py).
+    ids (paged_kv.py). q_lo (None, or an FP8 cache's q split in two: split_q_fp8): q is q_hi,
+    qk_scale the rows' scales, K stays e4m3 for the products and V is converted to bf16.
     """
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)[None, :]
@@ -198,7 +254,10 @@ def attend_kv_tiles(
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
         k = _load_kv_tile(k_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
-        qk = _scores(q, k, INTERPRETED)
+        if q_lo is None:
+            qk = _scores(q, k, INTERPRETED)
+        else:
+            qk = _scores_split(q, q_lo, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
                 qk,
@@ -212,10 +271,14 @@ def attend_kv_tiles(
                 window_left,
                 CAUSAL,
                 WINDOW,
+                q_lo is not None,
             )
         else:
-            p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale)
-        v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
+            p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale, q_lo is not None)
+        if q_lo is None:
+            v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
+        else:  # split_q_fp8 is bf16's
+            v = _load_kv_tile(v_ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         if PAGE_SIZE == 0:
@@ -234,6 +297,8 @@ def attend_kv_tiles_paired(
     l_b,
     q_a,
     q_b,
+    q_lo_a,
+    q_lo_b,
     k_seq,
     v_seq,
     query_pos_a,
@@ -244,6 +309,7 @@ def attend_kv_tiles_paired(
     causal_shift,
     window_left,
     qk_scale,
+    qk_scale_b,
     pages,
     num_pages,
     BLOCK_N: tl.constexpr,
@@ -258,7 +324,8 @@ def attend_kv_tiles_paired(
     MASKED: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """attend_kv_tiles for two row blocks a and b that share every K/V tile.
+    """attend_kv_tiles for two row blocks a and b that share every K/V tile (qk_scale_b: b's
+    rows' scales when q is split, else qk_scale again).
 
     The order is the point (FA3's intra-warpgroup overlap, by hand): Triton 3.6 waits for a
     Q K^T dot at once, but leaves a P V dot whose result is only carried in flight until the
@@ -299,8 +366,12 @@ def attend_kv_tiles_paired(
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
             k = _load_kv_tile(k_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
-        qk_a = _scores(q_a, k, INTERPRETED)
-        qk_b = _scores(q_b, k, INTERPRETED)
+        if q_lo_a is None:
+            qk_a = _scores(q_a, k, INTERPRETED)
+            qk_b = _scores(q_b, k, INTERPRETED)
+        else:
+            qk_a = _scores_split(q_a, q_lo_a, k, INTERPRETED)
+            qk_b = _scores_split(q_b, q_lo_b, k, INTERPRETED)
         if MASKED:
             p_a, alpha_a, m_a, l_a = _softmax_masked(
                 qk_a,
@@ -314,20 +385,24 @@ def attend_kv_tiles_paired(
                 window_left,
                 CAUSAL,
                 WINDOW,
+                q_lo_a is not None,
             )
         else:
-            p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale)
+            p_a, alpha_a, m_a, l_a = _softmax_unmasked(qk_a, m_a, l_a, qk_scale,
+                                                       q_lo_a is not None)  # fmt: skip
         if PAGE_SIZE == 0:
             v = _load_kv_tile(v_tile + v_offsets, in_seq, q_a.dtype, MASKED, INTERPRETED)
-        else:
+        elif q_lo_a is None:
             v = _load_kv_tile(v_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
+        else:  # split_q_fp8 is bf16's
+            v = _load_kv_tile(v_ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(
                 qk_b,
                 m_b,
                 l_b,
-                qk_scale,
+                qk_scale_b,
                 key_pos,
                 in_seq,
                 query_pos_b,
@@ -335,9 +410,11 @@ def attend_kv_tiles_paired(
                 window_left,
                 CAUSAL,
                 WINDOW,
+                q_lo_b is not None,
             )
         else:
-            p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale)
+            p_b, alpha_b, m_b, l_b = _softmax_unmasked(qk_b, m_b, l_b, qk_scale_b,
+                                                       q_lo_b is not None)  # fmt: skip
         acc_b = _accumulate(acc_b, alpha_b, p_b, v, INTERPRETED)
         if PAGE_SIZE == 0:
             k_tile += BLOCK_N * K_TOKEN_STRIDE

@@ -110,15 +110,26 @@ def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
     compiled = kernel[grid](*args, **values)
     if not INTERPRET:
         launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        values = [values[name] for name in _constexpr_names(kernel)]
+        values = compiled_constexprs(kernel, values)
         runners[key] = lambda *run_args: launch(*run_args, *values)
 
 
+def compiled_constexprs(kernel, values: dict) -> list:
+    """What a compiled kernel takes last: its constexpr parameters' values in signature order, a
+    parameter's default where `values` leaves it out (as the JIT's own call does)."""
+    missing = inspect.Parameter.empty
+    out = [values.get(name, default) for name, default in _constexpr_parameters(kernel)]
+    for (name, _), value in zip(_constexpr_parameters(kernel), out):
+        if value is missing:
+            raise KeyError(f"{kernel.fn.__name__}: no value for constexpr {name}")
+    return out
+
+
 @functools.lru_cache(maxsize=None)
-def _constexpr_names(kernel) -> tuple:
-    """A kernel's constexpr parameters in signature order: a compiled kernel takes them last."""
+def _constexpr_parameters(kernel) -> tuple:
+    """A kernel's constexpr parameters in signature order, (name, default) each."""
     parameters = inspect.signature(kernel.fn).parameters.values()
-    return tuple(p.name for p in parameters if p.annotation is tl.constexpr)
+    return tuple((p.name, p.default) for p in parameters if p.annotation is tl.constexpr)
 
 
 # Split-KV (split_kv.py): at most this many key shares per tile, each at least this many key
@@ -310,6 +321,13 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
         meta["num_stages"] = 4
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=False, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
+    # FP8 caches under bf16 q: Q K^T on K as read, q split in two e4m3 terms (split_q_fp8;
+    # float16 q's 11 bits would not fit two terms, and its conversion is one cvt a pair), on
+    # the wgmma tiles (64 rows and paired; the interpreter's small tiles, so that CPU tests run
+    # it): +4-7% on the prefill batches, but -7% on the decode tiles (16 rows, split-KV; H200,
+    # TUNING.md), which keep K's conversion.
+    wgmma_tiles = INTERPRET or meta["BLOCK_M"] >= 64
+    meta["FP8_QK"] = cache_dtype is not None and q.dtype == torch.bfloat16 and wgmma_tiles
     # Tokens are dense within a page (the layout check): only the page strides vary.
     meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
                 V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,

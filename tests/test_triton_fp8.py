@@ -100,12 +100,14 @@ def test_cache_views_with_page_strides(layout):
     check_outputs(run_fp8(strided), reference_outputs(SMALL, inputs))
 
 
+_split_q_fp8 = None  # the packed solution's kv_loops.split_q_fp8, set by the test
+
+
 @triton.jit
 def _split_rows(q_ptr, hi_ptr, lo_ptr, scale_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
                 INTERPRETED: tl.constexpr):  # fmt: skip
-    kv_loops = sys.modules[triton_module().__name__.rpartition(".")[0] + ".kv_loops"]
     offsets = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    q_hi, q_lo, scales = kv_loops.split_q_fp8(tl.load(q_ptr + offsets), 3.0, INTERPRETED)
+    q_hi, q_lo, scales = _split_q_fp8(tl.load(q_ptr + offsets), 3.0, INTERPRETED)
     tl.store(hi_ptr + offsets, q_hi.to(tl.float32))
     tl.store(lo_ptr + offsets, q_lo.to(tl.float32))
     tl.store(scale_ptr + tl.arange(0, ROWS), scales)
@@ -124,6 +126,9 @@ def test_q_split_into_two_e4m3_terms_is_exact():
     rows[4] = 0.0
     rows[5, 1:] *= 2.0**-11  # mostly below 1/4 once scaled
     q = rows.to(torch.bfloat16).to(DEVICE)
+    global _split_q_fp8
+    package = triton_module().__name__.rpartition(".")[0]
+    _split_q_fp8 = sys.modules[package + ".kv_loops"].split_q_fp8
     q_hi, q_lo = torch.empty(2, 8, 32, device=DEVICE)
     scales = torch.empty(8, device=DEVICE)
     _split_rows[(1,)](q, q_hi, q_lo, scales, ROWS=8, COLS=32, INTERPRETED=not HAS_CUDA)

@@ -118,13 +118,17 @@ def test_q_split_into_two_e4m3_terms_is_exact():
     (the row's largest in [128, 256)) exactly from 1/4 up, within 2^-10 below (e4m3's
     subnormal steps: 2^-17 of the row's largest), and the rows' scales 3.0 x 2^-e_row, for
     rows of ordinary values, values that round up to a power of two (1.94 -> 2 in the top
-    term), a row whose largest is tiny or huge, and a row of zeros."""
+    term), a row whose largest is tiny or huge, and a row of zeros; a row holding inf becomes
+    NaN (the saturating e4m3 cast would make inf finite, hiding it). (A NaN value stays NaN
+    through the GPU's cast, which saturates infinities only; the interpreter's bf16 loads do
+    not keep a NaN, so that is not tested here.)"""
     rows = torch.randn(8, 32, generator=torch.Generator().manual_seed(5))
     rows[1] = torch.linspace(1.875, 1.9999, 32)  # the top term's rounding carries
     rows[2] *= 2.0**-60
     rows[3] *= 2.0**70
     rows[4] = 0.0
     rows[5, 1:] *= 2.0**-11  # mostly below 1/4 once scaled
+    rows[6, 3] = float("inf")
     q = rows.to(torch.bfloat16).to(DEVICE)
     global _split_q_fp8
     package = triton_module().__name__.rpartition(".")[0]
@@ -133,6 +137,9 @@ def test_q_split_into_two_e4m3_terms_is_exact():
     scales = torch.empty(8, device=DEVICE)
     _split_rows[(1,)](q, q_hi, q_lo, scales, ROWS=8, COLS=32, INTERPRETED=not HAS_CUDA)
     q, q_hi, q_lo, scales = (t.float().cpu() for t in (q, q_hi, q_lo, scales))
+    assert q_hi[6].isnan().all() and q_lo[6].isnan().all()  # inf: the whole row is NaN
+    keep = [0, 1, 2, 3, 4, 5, 7]
+    q, q_hi, q_lo, scales = q[keep], q_hi[keep], q_lo[keep], scales[keep]
     for term in (q_hi, q_lo):
         assert torch.equal(term.to(FP8).float(), term)  # an e4m3 value already
     top = q.abs().amax(1)
@@ -142,7 +149,7 @@ def test_q_split_into_two_e4m3_terms_is_exact():
     exact = scaled.abs() >= 0.25
     assert torch.equal((q_hi + q_lo)[exact], scaled[exact])
     assert ((q_hi + q_lo) - scaled).abs().max() <= 2.0**-10
-    assert (~exact[5]).sum() > 16 and exact.sum() > 200  # both regimes are tested
+    assert (~exact[5]).sum() > 16 and exact.sum() > 100  # both regimes are tested
     scaled_top = scaled.abs().amax(1)
     assert ((scaled_top >= 128) & (scaled_top < 256) | (top == 0)).all()
 

@@ -60,16 +60,21 @@ def split_q_fp8(q, qk_scale, INTERPRETED: tl.constexpr):
     """A bf16 Q tile as two e4m3 terms and the rows' softmax scales: q_hi + q_lo = q * 2^e_row
     with e_row = 7 - floor(log2(max |q_row|)), so the row's largest value lands in [128, 256)
     (e4m3 reaches 448), q_hi holds a value's top 4 significant bits and q_lo the next 4: bf16's
-    8 bits, exact but for values under 2^-10 of their row's largest (e4m3's subnormals).
+    8 bits, exact for values from 1/4 up once scaled, within 2^-10 below (e4m3's subnormals).
     Q K^T then runs as two FP8 products on an FP8 cache's K as it is read, no conversion, as
-    accurate as bf16 q (tilelang TUNING: one e4m3 term alone was 8-35x the normwise error);
+    accurate as bf16 q (triton/TUNING.md: one e4m3 term alone was 8-35x the normwise error);
     qk_scale * 2^-e_row undoes the scaling in the softmax's one FMA. Exponents clamp to
-    [-100, 100] (an all-zero row: any scale; a bf16 row's largest is below 2^128). The
-    interpreter keeps both terms as fp32 values (_round_e4m3; _scores_split's fp32 dots)."""
+    [-100, 100] (an all-zero row: any scale; a bf16 row's largest is below 2^128). A row
+    holding inf is scaled by NaN: e4m3's saturating cast would make inf finite, and the row's
+    output must be NaN as with bf16 q (a NaN value stays NaN through the casts; the row max
+    ignores it). The interpreter keeps both terms as fp32 values (_round_e4m3; _scores_split's
+    fp32 dots)."""
     values = q.to(tl.float32)
     top = tl.max(tl.abs(values), 1).to(tl.int32, bitcast=True)
-    exponent = tl.minimum(tl.maximum(((top >> 23) & 0xFF) - 127, -100), 100)
+    biased = (top >> 23) & 0xFF
+    exponent = tl.minimum(tl.maximum(biased - 127, -100), 100)
     scale = ((127 + 7 - exponent) << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(biased == 0xFF, float("nan"), scale)
     unscale = ((127 - 7 + exponent) << 23).to(tl.float32, bitcast=True)
     scaled = values * scale[:, None]
     if INTERPRETED:

@@ -48,10 +48,12 @@ class BuildKnobs:
     full: HopperKnobs = SHIPPED_FULL
     paged: HopperKnobs = SHIPPED_PAGED
     fp8_bf16_bits: bool = True  # integer ops and a bf16x2 multiply, else the hardware cvt
+    fp8_split_q: bool = False  # FP8 Q K^T on the cache's K, bf16 q in two e4m3 terms
 
     def cpp(self) -> str:
         families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))
-        return f"BuildKnobs<{families}, {str(self.fp8_bf16_bits).lower()}>"
+        flags = ", ".join(str(f).lower() for f in (self.fp8_bf16_bits, self.fp8_split_q))
+        return f"BuildKnobs<{families}, {flags}>"
 
     def as_built(self) -> dict:
         """What built_knobs() returns for a build of these knobs."""

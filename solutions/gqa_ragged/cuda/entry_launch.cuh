@@ -74,9 +74,10 @@ CUtensorMap tensor_map(const void* data, bool bf16, int heads, int64_t rows, int
 // pages page_stride elements apart, read in boxes of (64, 1, 64, 1): one page's 64 rows of one
 // head and 64 columns. Pages outside [0, num_pages) read as zeros; with no page at all, `data`
 // is a stand-in (q) and the kernel addresses no page. An FP8 cache (fp8): bytes, boxes of
-// (128, 1, 64, 1) (a row of 128 bytes), unswizzled: the FP8 loader's staging layout.
+// (128, 1, 64, 1) (a row of 128 bytes), unswizzled: the FP8 loader's staging layout; swizzled
+// (fp8_swizzled: Knobs::kFp8SplitQ's K, read by the e4m3 wgmma as TMA writes it).
 CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int64_t page_stride,
-                            bool fp8 = false) {
+                            bool fp8 = false, bool fp8_swizzled = false) {
   constexpr int kPageSize = 64;
   CUtensorMap map;
   const cuuint64_t bytes = fp8 ? 1 : 2;
@@ -91,7 +92,8 @@ CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int6
                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result = encode_tiled()(
       &map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      fp8 && !fp8_swizzled ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: cuTensorMapEncodeTiled failed ("
@@ -322,7 +324,10 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
                           kTokensPerTile);
     if constexpr (kPageSize == 64) {
-      hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8);
+      // Knobs::kFp8SplitQ (bf16 q): K goes straight into the ring, swizzled for the wgmma.
+      constexpr bool kFp8KSwizzled = kFp8 && Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
+      hp.k_map =
+          page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8, kFp8KSwizzled);
       hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
     }
     launch.pages = pages;

@@ -79,20 +79,25 @@ using ShippedKnobs =
                 shipped_knobs(kFamily).consumer_registers, shipped_knobs(kFamily).fold_scale,
                 shipped_knobs(kFamily).own_output_buffer, shipped_knobs(kFamily).persistent>;
 
-// Every knob of a build: the three families' HopperKnobs, and kFp8Bf16Bits, the FP8 caches'
-// bf16 conversion (kv_paged_fp8.cuh; both FP8 kernels): true with integer ops and a bf16x2
-// multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 -> bf16x2.
-template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_>
+// Every knob of a build: the three families' HopperKnobs, and two of the FP8 caches' kernels
+// (kv_paged_fp8.cuh): kFp8Bf16Bits, their bf16 conversion (both FP8 kernels): true with integer
+// ops and a bf16x2 multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 ->
+// bf16x2; kFp8SplitQ (the Hopper kernel, bf16 q): Q K^T as two e4m3 products on the cache's K
+// as TMA loads it (q split into two exact e4m3 terms per item), V alone converted; false: K and
+// V converted (TUNING.md, FP8: the split).
+template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
+          bool kFp8SplitQ_ = false>
 struct BuildKnobs {
   using CausalTiles = Causal;
   using FullTiles = Full;
   using PagedTiles = Paged;
   static constexpr bool kFp8Bf16Bits = kFp8Bf16Bits_;
+  static constexpr bool kFp8SplitQ = kFp8SplitQ_;
 };
 
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true, false>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

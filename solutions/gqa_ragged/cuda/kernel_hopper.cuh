@@ -77,6 +77,13 @@ struct KvSplitsKeys : std::false_type {};
 template <typename K>
 struct KvSplitsKeys<K, std::void_t<decltype(K::kKeysPerEntry)>> : std::true_type {};
 
+// Whether a TileLoader loads K as e4m3 for an e4m3 Q K^T with q split in two terms (kSplitQ;
+// the FP8 loader under Knobs::kFp8SplitQ): the consumers then split Q (Loader::split_q).
+template <typename L, typename = void>
+struct LoaderSplitsQ : std::false_type {};
+template <typename L>
+struct LoaderSplitsQ<L, std::void_t<decltype(L::kSplitQ)>> : std::bool_constant<L::kSplitQ> {};
+
 template <typename L, typename = void>
 struct LoaderUsesOutputBuffer : std::false_type {};
 template <typename L>
@@ -251,6 +258,9 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tiles::kConsumerRegisters));
   using Ops = ElementOps<T>;
   using WgmmaS = WgmmaSS<T, kBlockN>;
+  constexpr bool kSplitQ = LoaderSplitsQ<Loader>::value;
+  static_assert(!kSplitQ || (kBlockN == 128 && kFoldScale),
+                "the e4m3 Q K^T: 128-key tiles (m64n128k32), the scale folded per row");
   using WgmmaPV = WgmmaRS<T>;
   constexpr int kSB = kBlockN / 8;   // n8 blocks of a score tile
   constexpr int kPK = kBlockN / 16;  // k16 steps of P V
@@ -283,13 +293,25 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     const int row_token = t.tok0 + (warp * 16 + group) / kGroupSize;
 
     // S = Q K^T of ring tile i (64 rows x kBlockN keys per warpgroup), issued and committed.
+    // kSplitQ: e4m3 rows of 128 bytes, q_hi's where Q's first half was, q_lo's where its second
+    // was, K's e4m3 tile at the stage: 4 k32 steps of 32 bytes for each term.
     auto issue_s = [&](float (&s)[kSB][4], const RingSlot& ring) {
       wgmma_fence();
+      if constexpr (kSplitQ) {
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        const uint64_t q_step = ((ks / 4) * kQHalfBytes + (ks % 4) * 32) >> 4;
-        const uint64_t k_step = ((ks / 4) * Tiles::kKvHalfBytes + (ks % 4) * 32) >> 4;
-        WgmmaS::run(s, q_desc + q_step, k_desc + ring.stage * kStageStep + k_step, ks > 0);
+        for (int ks = 0; ks < 8; ++ks) {
+          const uint64_t q_step = ((ks / 4) * kQHalfBytes + (ks % 4) * 32) >> 4;
+          const uint64_t k_step = ((ks % 4) * 32) >> 4;
+          wgmma_e4m3_ss_n128(s, q_desc + q_step, k_desc + ring.stage * kStageStep + k_step,
+                             ks > 0);
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+          const uint64_t q_step = ((ks / 4) * kQHalfBytes + (ks % 4) * 32) >> 4;
+          const uint64_t k_step = ((ks / 4) * Tiles::kKvHalfBytes + (ks % 4) * 32) >> 4;
+          WgmmaS::run(s, q_desc + q_step, k_desc + ring.stage * kStageStep + k_step, ks > 0);
+        }
       }
       wgmma_commit();
     };
@@ -330,6 +352,13 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     bool poisoned = false;  // the K/V source met a page id out of range (paged sources)
 
     mbarrier_wait(q_full, n_item & 1);
+    // kSplitQ: Q as two e4m3 terms, each row's scale (2^-e_row) folded into its softmax scale.
+    [[maybe_unused]] float split_scale[2];
+    if constexpr (kSplitQ) {
+      Loader::split_q(sQ, warpgroup, warp % 4, group, quad_lane, split_scale);
+      split_scale[0] *= p.scale_log2;
+      split_scale[1] *= p.scale_log2;
+    }
     // O's rescale factors for the softmax of the latest score tile, applied before the next
     // P V (while the tensor cores run Q K^T).
     float rescale[2] = {1.f, 1.f};
@@ -350,7 +379,11 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       } else {
         scale_and_mask<kCausal>(s, p.scale_log2, t, 0, row_token, quad_lane, band);
       }
-      softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);  // O is 0
+      if constexpr (kSplitQ) {
+        softmax_tile(s, row_max, row_sum, rescale, split_scale);  // O is 0
+      } else {
+        softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);  // O is 0
+      }
       pack_p(s);
     }
     // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
@@ -374,7 +407,11 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       } else {
         scale_and_mask<kCausal>(s, p.scale_log2, t, (n + 1) * kBlockN, row_token, quad_lane);
       }
-      softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);
+      if constexpr (kSplitQ) {
+        softmax_tile(s, row_max, row_sum, rescale, split_scale);
+      } else {
+        softmax_tile(s, row_max, row_sum, rescale, kFoldScale ? p.scale_log2 : 1.f);
+      }
       wgmma_wait<0>();
       fence_operands(acc);
       mbarrier_arrive(v_empty + 8 * current.stage);

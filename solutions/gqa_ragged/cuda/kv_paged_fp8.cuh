@@ -130,10 +130,13 @@ struct Fp8Smem {
   // The leader's state, kept here rather than in registers (the producer has 40): the next
   // tile's two page ids, and whether the item so far met an id out of range.
   static constexpr uint32_t kNextIds = kConsumed + 16, kItemBad = kNextIds + 8;
+  // kFp8SplitQ: the two page coordinates of K's tile per staging buffer (K goes by TMA straight
+  // into the ring; the leader writes them when it stages V and reads them at the ring's turn).
+  static constexpr uint32_t kKCoords = kItemBad + 8;  // + 8 * buffer
   static constexpr uint32_t kBuffer0 = Smem::kO;
   static constexpr uint32_t kBuffer1 = kStagedK + 128;  // 128-byte aligned
   static constexpr uint32_t kBytes = kBuffer1 + 2 * kFp8TileBytes + 1024;  // + alignment slack
-  static_assert(kItemBad + 4 <= kBuffer1, "the barriers and the leader's state fit");
+  static_assert(kKCoords + 16 <= kBuffer1, "the barriers and the leader's state fit");
   static_assert(Fp8HopperTiles::kOwnOutputBuffer && 2 * kFp8TileBytes <= kQTileBytes,
                 "staging buffer 0 fits in the output buffer");
   static_assert(kBytes <= 227 * 1024, "Hopper allows 227 KiB per CTA");
@@ -154,11 +157,15 @@ struct Fp8Smem {
 // converts 16-byte FP8 chunk t % 8 of rows t / 8 + 16 i (i = 0 .. 7): 8 threads read one 128-byte
 // row (conflict-free); their two 16-byte stores go to 8 distinct bank groups per phase (the
 // second half's threads store their odd chunk first). T: q's dtype, the converted tiles'.
+// kSplitQ (Knobs::kFp8SplitQ, bf16 q): K is not staged nor converted: at the ring's turn the
+// leader loads K's two pages by TMA straight into the stage, 128-byte swizzled e4m3 rows (the
+// K map is swizzled), for the consumers' e4m3 Q K^T (split_q_e4m3); V as above.
 template <typename T>
 struct PageFp8Loader {
   static constexpr int kPageSize = 64;
   static constexpr int kThreads = 128;
-  static constexpr int kKFullArrivals = kThreads;
+  static constexpr bool kSplitQ = Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
+  static constexpr int kKFullArrivals = kSplitQ ? 1 : kThreads;
   static constexpr int kVFullArrivals = kThreads;
   static constexpr bool kGenericProxyWrites = false;  // each thread fences before it arrives
   static constexpr bool kZeroesVTail = false;         // converted as zeros
@@ -243,7 +250,13 @@ struct PageFp8Loader {
     }
     if (bad) st_shared_u32(base + Fp8Smem::kItemBad, 1);
     const uint32_t tile_at = Fp8Smem::buffer(b);
-    stage(hp.k_map, tile_at, Fp8Smem::kStagedK + 8 * b, w.kv_head, coords);
+    if constexpr (kSplitQ) {  // K waits for its ring stage (load_k)
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(base + Fp8Smem::kKCoords + 8 * b),
+                   "r"(coords[0]), "r"(coords[1])
+                   : "memory");
+    } else {
+      stage(hp.k_map, tile_at, Fp8Smem::kStagedK + 8 * b, w.kv_head, coords);
+    }
     stage(hp.v_map, tile_at + kFp8TileBytes, Fp8Smem::kStagedV + 8 * b, w.kv_head, coords);
     if (n + 1 < tiles_of(w)) fetch_ids(w, n + 1);
   }
@@ -279,7 +292,24 @@ struct PageFp8Loader {
   }
 
   template <typename Tiles>
-  __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem&) {
+  __device__ __forceinline__ void load_k(uint32_t dst, uint32_t full, const WorkItem& w) {
+    if constexpr (kSplitQ) {
+      // The leader staged this tile's V (stage_tile) and kept K's page coordinates.
+      if (thread() == 0) {
+        int coords[2];
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                     : "=r"(coords[0]), "=r"(coords[1])
+                     : "r"(smem_base() + Fp8Smem::kKCoords + 8 * (count % 2))
+                     : "memory");
+        mbarrier_arrive_expect_tx(full, kFp8TileBytes);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          tma_load_4d(dst + i * kPageSize * kFp8RowBytes, hp.k_map, full, 0, w.kv_head, 0,
+                      coords[i]);
+        }
+      }
+      return;
+    }
     const uint32_t b = count % 2;
     mbarrier_wait(smem_base() + Fp8Smem::kStagedK + 8 * b, (count / 2) & 1);
     convert<Tiles, false>(smem_base() + Fp8Smem::buffer(b), dst, 0);
@@ -301,6 +331,85 @@ struct PageFp8Loader {
     mbarrier_arrive(full);
     if (thread() == 0 && tile + 2 < tiles_of(w)) stage_tile(w, tile + 2, count + 2);
     ++count;
+  }
+
+  // kSplitQ, the consumers' side (once an item, after Q's tile landed): this thread's two
+  // accumulator rows R = 64 warpgroup + 16 warp4 + group and R + 8 of Q's tile, columns
+  // 32 quad_lane .. + 31, rewritten in place as two e4m3 terms: q_hi + q_lo = q x 2^e_row
+  // exactly (values from 1/4 up once scaled; within 2^-10 below), e_row = 7 - floor(log2 of
+  // the row's largest |q|) so that it lands in [128, 256). q_hi's rows go where Q's first
+  // 64-column half kept them, q_lo's where its second did: 128-byte e4m3 rows, the same
+  // swizzle, K-major for the e4m3 wgmma (the warpgroup's rows are its own: its barrier orders
+  // all reads before the writes). unscale[h]: 2^-e of row h, for the softmax's scale. A row
+  // holding inf is scaled by NaN (the saturating cast would make it finite). Every consumer
+  // thread of the warpgroup calls it.
+  __device__ __forceinline__ static void split_q(uint32_t sQ, int warpgroup, int warp4,
+                                                 int group, int quad_lane, float (&unscale)[2]) {
+    float v[2][32];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * warpgroup + 16 * warp4 + group + 8 * h;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int chunk = (quad_lane % 2) * 4 + c;
+        uint32_t word[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(word[0]), "=r"(word[1]), "=r"(word[2]), "=r"(word[3])
+                     : "r"(sQ + (quad_lane / 2) * kQHalfBytes + row * 128 +
+                           ((chunk ^ (row % 8)) * 16))
+                     : "memory");
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[h][8 * c + 2 * i] = __uint_as_float(word[i] << 16);
+          v[h][8 * c + 2 * i + 1] = __uint_as_float(word[i] & 0xffff0000u);
+        }
+      }
+    }
+    named_barrier_sync(1 + warpgroup, 128);  // every bf16 row read before any is rewritten
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * warpgroup + 16 * warp4 + group + 8 * h;
+      float top = 0.f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) top = fmaxf(top, fabsf(v[h][i]));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      const int biased = int(__float_as_uint(top) >> 23) & 0xff;
+      const int e = min(max(biased - 127, -100), 100);
+      const float scale = biased == 0xff ? __uint_as_float(0x7fc00000u)
+                                         : __uint_as_float(uint32_t(127 + 7 - e) << 23);
+      unscale[h] = __uint_as_float(uint32_t(127 - 7 + e) << 23);
+      uint32_t hi[8], lo[8];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float x0 = v[h][2 * j] * scale, x1 = v[h][2 * j + 1] * scale;
+        uint16_t h16, l16;
+        uint32_t back;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h16) : "f"(x1), "f"(x0));
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(back) : "h"(h16));
+        const float2 hf = __half22float2(*reinterpret_cast<const __half2*>(&back));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(l16) : "f"(x1 - hf.y), "f"(x0 - hf.x));
+        if (j % 2 == 0) {
+          hi[j / 2] = h16;
+          lo[j / 2] = l16;
+        } else {
+          hi[j / 2] |= uint32_t(h16) << 16;
+          lo[j / 2] |= uint32_t(l16) << 16;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t at = row * 128 + (((2 * quad_lane + j) ^ (row % 8)) * 16);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sQ + at),
+                     "r"(hi[4 * j]), "r"(hi[4 * j + 1]), "r"(hi[4 * j + 2]), "r"(hi[4 * j + 3])
+                     : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sQ + kQHalfBytes + at),
+                     "r"(lo[4 * j]), "r"(lo[4 * j + 1]), "r"(lo[4 * j + 2]), "r"(lo[4 * j + 3])
+                     : "memory");
+      }
+    }
+    fence_proxy_async();                     // the generic writes -> the wgmma's reads
+    named_barrier_sync(1 + warpgroup, 128);  // every term written before the first Q K^T
   }
 
   // The staged tile at src converted into the 16-bit tile at dst; kV: rows from valid_rows on

@@ -145,13 +145,18 @@ __device__ __forceinline__ float exp2_base2(float x) {
 // p = exp2(s * scale - max * scale), which needs scale > 0 (the max of the raw logits is then
 // the max of the scaled ones). s becomes P (unnormalized probabilities), the running max
 // (scaled) and this lane's partial row sums are updated, and rescale[h] is the factor by
-// which O's row h must be scaled. kFtz: see exp2_base2.
-template <bool kFtz = true, int kNB>
+// which O's row h must be scaled. kFtz: see exp2_base2. scale: one for both rows, or each
+// row's own (float[2]: the FP8 kernel's e4m3 Q K^T, whose rows carry a power of two each).
+__device__ __forceinline__ float row_scale(float scale, int) { return scale; }
+__device__ __forceinline__ float row_scale(const float (&scale)[2], int h) { return scale[h]; }
+
+template <bool kFtz = true, int kNB, typename Scale>
 __device__ __forceinline__ void softmax_tile(float (&s)[kNB][4], float (&row_max)[2],
                                              float (&row_sum)[2], float (&rescale)[2],
-                                             float scale) {
+                                             const Scale& scales) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const float scale = row_scale(scales, h);
     float tile_max = -INFINITY;
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {

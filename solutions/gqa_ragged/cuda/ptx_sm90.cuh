@@ -177,6 +177,18 @@ template <typename T, int N>
 struct WgmmaSS;
 template <typename T>
 struct WgmmaRS;
+
+// wgmma m64n128k32, e4m3 x e4m3 with fp32 accumulators: A and B from shared memory, both
+// K-major (the e4m3 forms take no transpose), D = A B (+ D if accumulate). K step ks of an
+// e4m3 row of 128 bytes is 32 bytes further, as a 16-bit k16 step is.
+__device__ __forceinline__ void wgmma_e4m3_ss_n128(float (&d)[16][4], uint64_t a, uint64_t b,
+                                                   int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " GQA_WGMMA_D128
+               ", %64, %65, p, 1, 1;\n}\n"
+               : GQA_WGMMA_ACC128(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
 GQA_DEFINE_WGMMA_SS(half, "f16", 128, 64, 65, 66)
 GQA_DEFINE_WGMMA_SS(half, "f16", 176, 88, 89, 90)
 GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, 65, 66)

@@ -324,10 +324,9 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     hp.q_map = tensor_map(params.q, bf16, kNumHeads, q_rows, params.q_stride, kGroupSize,
                           kTokensPerTile);
     if constexpr (kPageSize == 64) {
-      // Knobs::kFp8SplitQ (bf16 q): K goes straight into the ring, swizzled for the wgmma.
-      constexpr bool kFp8KSwizzled = kFp8 && Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
-      hp.k_map =
-          page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8, kFp8KSwizzled);
+      // kFp8SplitsQ: K goes straight into the ring, swizzled for the wgmma.
+      hp.k_map = page_tensor_map(params.k, bf16, num_pages, pages.k_page_stride, kFp8,
+                                 kFp8 && kFp8SplitsQ<T>);
       hp.v_map = page_tensor_map(params.v, bf16, num_pages, pages.v_page_stride, kFp8);
     }
     launch.pages = pages;

@@ -145,6 +145,11 @@ struct Fp8Smem {
   }
 };
 
+// Knobs::kFp8SplitQ holds for bf16 q only (float16's 11 bits do not fit two e4m3 terms): the
+// loader (kSplitQ) and the host's K map (swizzled) both ask here.
+template <typename T>
+constexpr bool kFp8SplitsQ = Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // The Hopper producer's K/V tiles from FP8 pages (see the top of the file). Two staging buffers,
@@ -164,7 +169,7 @@ template <typename T>
 struct PageFp8Loader {
   static constexpr int kPageSize = 64;
   static constexpr int kThreads = 128;
-  static constexpr bool kSplitQ = Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
+  static constexpr bool kSplitQ = kFp8SplitsQ<T>;
   static constexpr int kKFullArrivals = kSplitQ ? 1 : kThreads;
   static constexpr int kVFullArrivals = kThreads;
   static constexpr bool kGenericProxyWrites = false;  // each thread fences before it arrives

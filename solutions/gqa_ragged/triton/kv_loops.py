@@ -28,7 +28,7 @@ def round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k, INTERPRETED: tl.constexpr):
+def _dot_kt(q, k, INTERPRETED: tl.constexpr):
     """q @ k^T in fp32 (the interpreter's bf16 dot is wrong: it multiplies in fp32 there)."""
     if INTERPRETED:
         return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
@@ -36,11 +36,27 @@ def _scores(q, k, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _scores_split(q_hi, q_lo, k, INTERPRETED: tl.constexpr):
-    """(q_hi + q_lo) @ k^T in fp32: two e4m3 products on the FP8 cache's own K (split_q_fp8)."""
-    if INTERPRETED:
-        return _scores(q_hi, k, INTERPRETED) + _scores(q_lo, k, INTERPRETED)
-    return tl.dot(q_lo, tl.trans(k), tl.dot(q_hi, tl.trans(k)))
+def _scores(q, q_lo, k, INTERPRETED: tl.constexpr):
+    """q @ k^T in fp32; with q_lo (split_q_fp8's second term; else None), (q + q_lo) @ k^T: two
+    e4m3 products on the FP8 cache's own K."""
+    # One return: the compiler generates the code after a constexpr `if` that returns too.
+    if q_lo is None:
+        scores = _dot_kt(q, k, INTERPRETED)
+    elif INTERPRETED:
+        scores = _dot_kt(q, k, INTERPRETED) + _dot_kt(q_lo, k, INTERPRETED)
+    else:
+        scores = tl.dot(q_lo, tl.trans(k), tl.dot(q, tl.trans(k)))
+    return scores
+
+
+@triton.jit
+def _load_v_tile(ptrs, in_seq, q, q_lo, MASKED: tl.constexpr, INTERPRETED: tl.constexpr):
+    """A V tile in q's dtype, bf16 when q is split (q_lo not None: split_q_fp8 is bf16's)."""
+    if q_lo is None:
+        v = _load_kv_tile(ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
+    else:
+        v = _load_kv_tile(ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
+    return v
 
 
 @triton.jit
@@ -67,7 +83,7 @@ def split_q_fp8(q, qk_scale, INTERPRETED: tl.constexpr):
     [-100, 100] (an all-zero row: any scale; a bf16 row's largest is below 2^128). A row
     holding inf is scaled by NaN: e4m3's saturating cast would make inf finite, and the row's
     output must be NaN as with bf16 q (a NaN value stays NaN through the casts; the row max
-    ignores it). The interpreter keeps both terms as fp32 values (_round_e4m3; _scores_split's
+    ignores it). The interpreter keeps both terms as fp32 values (_round_e4m3; _scores'
     fp32 dots)."""
     values = q.to(tl.float32)
     top = tl.max(tl.abs(values), 1).to(tl.int32, bitcast=True)
@@ -259,10 +275,7 @@ def attend_kv_tiles(
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
         k = _load_kv_tile(k_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
-        if q_lo is None:
-            qk = _scores(q, k, INTERPRETED)
-        else:
-            qk = _scores_split(q, q_lo, k, INTERPRETED)
+        qk = _scores(q, q_lo, k, INTERPRETED)
         if MASKED:
             p, alpha, m_new, l_i = _softmax_masked(
                 qk,
@@ -280,10 +293,7 @@ def attend_kv_tiles(
             )
         else:
             p, alpha, m_new, l_i = _softmax_unmasked(qk, m_i, l_i, qk_scale, q_lo is not None)
-        if q_lo is None:
-            v = _load_kv_tile(v_ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
-        else:  # split_q_fp8 is bf16's
-            v = _load_kv_tile(v_ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
+        v = _load_v_tile(v_ptrs, in_seq, q, q_lo, MASKED, INTERPRETED)
         acc = _accumulate(acc, alpha, p, v, INTERPRETED)
         m_i = m_new
         if PAGE_SIZE == 0:
@@ -371,12 +381,8 @@ def attend_kv_tiles_paired(
                 K_PAGE_STRIDE=K_PAGE_STRIDE, V_PAGE_STRIDE=V_PAGE_STRIDE,
             )  # fmt: skip
             k = _load_kv_tile(k_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
-        if q_lo_a is None:
-            qk_a = _scores(q_a, k, INTERPRETED)
-            qk_b = _scores(q_b, k, INTERPRETED)
-        else:
-            qk_a = _scores_split(q_a, q_lo_a, k, INTERPRETED)
-            qk_b = _scores_split(q_b, q_lo_b, k, INTERPRETED)
+        qk_a = _scores(q_a, q_lo_a, k, INTERPRETED)
+        qk_b = _scores(q_b, q_lo_b, k, INTERPRETED)
         if MASKED:
             p_a, alpha_a, m_a, l_a = _softmax_masked(
                 qk_a,
@@ -397,10 +403,8 @@ def attend_kv_tiles_paired(
                                                        q_lo_a is not None)  # fmt: skip
         if PAGE_SIZE == 0:
             v = _load_kv_tile(v_tile + v_offsets, in_seq, q_a.dtype, MASKED, INTERPRETED)
-        elif q_lo_a is None:
-            v = _load_kv_tile(v_ptrs, in_seq, q_a.dtype, MASKED, INTERPRETED)
-        else:  # split_q_fp8 is bf16's
-            v = _load_kv_tile(v_ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
+        else:
+            v = _load_v_tile(v_ptrs, in_seq, q_a, q_lo_a, MASKED, INTERPRETED)
         acc_a = _accumulate(acc_a, alpha_a, p_a, v, INTERPRETED)
         if MASKED:
             p_b, alpha_b, m_b, l_b = _softmax_masked(

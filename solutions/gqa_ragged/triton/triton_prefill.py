@@ -117,11 +117,12 @@ def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
 def compiled_constexprs(kernel, values: dict) -> list:
     """What a compiled kernel takes last: its constexpr parameters' values in signature order, a
     parameter's default where `values` leaves it out (as the JIT's own call does)."""
-    missing = inspect.Parameter.empty
-    out = [values.get(name, default) for name, default in _constexpr_parameters(kernel)]
-    for (name, _), value in zip(_constexpr_parameters(kernel), out):
-        if value is missing:
+    out = []
+    for name, default in _constexpr_parameters(kernel):
+        value = values.get(name, default)
+        if value is inspect.Parameter.empty:
             raise KeyError(f"{kernel.fn.__name__}: no value for constexpr {name}")
+        out.append(value)
     return out
 
 

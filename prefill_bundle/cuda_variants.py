@@ -48,7 +48,7 @@ class BuildKnobs:
     full: HopperKnobs = SHIPPED_FULL
     paged: HopperKnobs = SHIPPED_PAGED
     fp8_bf16_bits: bool = True  # integer ops and a bf16x2 multiply, else the hardware cvt
-    fp8_split_q: bool = False  # FP8 Q K^T on the cache's K, bf16 q in two e4m3 terms
+    fp8_split_q: bool = True  # FP8 Q K^T on the cache's K, bf16 q in two e4m3 terms
 
     def cpp(self) -> str:
         families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))

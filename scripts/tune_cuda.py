@@ -51,10 +51,11 @@ from prefill_bundle.testing import (
 # timings (causal, full); measurements of earlier variants: solutions/gqa_ragged/cuda/TUNING.md.
 VARIANTS = {
     "default": SHIPPED,
-    # FP8 caches under bf16 q: Q K^T as two e4m3 wgmmas on K as TMA loads it, q split in two
-    # exact e4m3 terms per item (cuda/TUNING.md, FP8: the split); time it on the FP8 definition:
-    # --json cuda_fp8kv .ab fp8_split_q, then compare_gpu.py cuda_fp8kv --old .ab/*.json.
-    "fp8_split_q": BuildKnobs(fp8_split_q=True),
+    # FP8 caches under bf16 q: K converted to bf16 like V, a bf16 Q K^T (shipped until
+    # 2026-11-28 (14): the split, two e4m3 wgmmas on K as TMA loads it, was 1.18-1.26x faster;
+    # cuda/TUNING.md, FP8: the split). On the FP8 definition: --json cuda_fp8kv .ab
+    # fp8_convert_k, then compare_gpu.py cuda_fp8kv --old .ab/*.json.
+    "fp8_convert_k": BuildKnobs(fp8_split_q=False),
     # Scale the logits first (one FMUL each), then exp2(s - max).
     "unfolded_scale": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, fold_scale=False),

@@ -89,7 +89,7 @@ def test_fp8_kernels_compile_without_spills(builds):
 
 
 @needs_nvcc
-def test_hopper_fp8_kernel_stages_pages_by_tma_and_converts(builds):
+def test_hopper_fp8_kernel_stages_pages_by_tma_and_converts_v(builds):
     for arch in ("90a", "90"):
         functions = sass(builds[arch][2])
         for dtype in DTYPES:
@@ -97,9 +97,12 @@ def test_hopper_fp8_kernel_stages_pages_by_tma_and_converts(builds):
             assert len(names) == 1, list(functions)
             code = "\n".join(functions[names[0]])
             if arch == "90a":
-                # The bf16 paged kernel's: 2 x 8 (S, P V in the loop) + 128 / 16 x 2 (prologue S,
-                # last P V).
-                assert code.count("HGMMA.64x128x16.F32") == 2 * 8 + 2 * 128 // 16, names[0]
+                # P V as in the bf16 paged kernel: 8 k16 steps in the loop and 8 for the last
+                # tile. S the same for float16 q; for bf16 q (knob fp8_split_q) two e4m3 terms
+                # of 4 k32 steps each, in the loop and in the prologue.
+                split = dtype == "__nv_bfloat16"
+                assert code.count("HGMMA.64x128x16.F32") == (2 if split else 4) * 8, names[0]
+                assert code.count("QGMMA.64x128x32.F32.E4M3.E4M3") == (16 if split else 0)
                 # K/V by TMA; the only cp.async: the leader's 4-byte page ids (LDGSTS.E).
                 assert "UTMALDG.4D" in code and "UTMALDG.3D" in code
                 assert "LDGSTS.E.BYPASS" not in code and "LDGSTS.E.128" not in code

@@ -40,7 +40,7 @@ def test_variants_name_knob_types():
     assert (
         "#define GQA_PREFILL_KNOBS BuildKnobs<HopperKnobs<128, 3, 32, 232, true, false, true>, "
         "HopperKnobs<176, 2, 24, 240, true, false, false>, "
-        "HopperKnobs<128, 2, 32, 232, true, true, true>, true, false>\n"
+        "HopperKnobs<128, 2, 32, 232, true, true, true>, true, true>\n"
     ) in header
     with pytest.raises(ValueError):
         variant_header("not an identifier", SHIPPED)
@@ -68,29 +68,31 @@ def test_variant_compiles_for_sm_90a_with_its_knobs(monkeypatch):
 
 
 @needs_nvcc
-def test_fp8_split_q_variant_runs_q_k_in_e4m3_on_bf16_q_only(monkeypatch):
-    """Knob fp8_split_q: the bf16-q FP8 Hopper kernel issues Q K^T as e4m3 wgmmas (QGMMA, 4 k32
-    steps for each of q's two terms, at S's two issue sites) and converts no K tile, without
-    spilling; the float16-q one keeps the 16-bit products (two terms hold 8 bits, not 11)."""
+def test_fp8_split_q_runs_q_k_in_e4m3_on_bf16_q_only(monkeypatch):
+    """Knob fp8_split_q (shipped on): the bf16-q FP8 Hopper kernel issues Q K^T as e4m3 wgmmas
+    (QGMMA, 4 k32 steps for each of q's two terms, at S's two issue sites) and converts no K
+    tile, without spilling; the float16-q one keeps the 16-bit products (two terms hold 8 bits,
+    not 11). Variant fp8_convert_k (the knob off) converts K and V, with 16-bit products."""
     module = tune_cuda()
     monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0a")
-    knobs = module.VARIANTS["fp8_split_q"]
-    runnable = loadable(lambda: module.build_variant("cuda_fp8kv", "fp8_split_q", knobs))
-    binary = runnable.metadata.misc["binary"]
+    # The shipped knobs built as a variant: a variant's header names the arch, so the build
+    # cache cannot hand back an sm_90 build, whose Hopper kernels are stubs.
+    shipped = loadable(lambda: module.build_variant("cuda_fp8kv", "default", SHIPPED))
+    binary = shipped.metadata.misc["binary"]
     for kernel, usage in module.hopper_resources(binary):
-        assert "STACK:0 LOCAL:0" in usage, f"fp8_split_q: {kernel} spills ({usage})"
+        assert "STACK:0 LOCAL:0" in usage, f"shipped: {kernel} spills ({usage})"
     bf16, half = fp8_kernels_sass(binary)
     assert bf16.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 16
     assert "QGMMA" not in half and "HGMMA.64x128x16.F32 " in half
     # The split's casts (q_hi, q_lo) are there, and the producer converts V alone: half the
-    # shipped kernel's bf16x2 multiplies by 2^120 (the bit-level conversion's last step).
+    # knob-off kernel's bf16x2 multiplies by 2^120 (the bit-level conversion's last step).
     assert "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C" in bf16
-    # The shipped knobs built the same way (a variant's header names the arch, so the build
-    # cache cannot hand back an sm_90 build, whose Hopper kernels are stubs).
-    shipped = loadable(lambda: module.build_variant("cuda_fp8kv", "default", SHIPPED))
-    shipped_bf16, _ = fp8_kernels_sass(shipped.metadata.misc["binary"])
-    assert "QGMMA" not in shipped_bf16
-    assert 2 * bf16.count("HMUL2.BF16_V2") == shipped_bf16.count("HMUL2.BF16_V2") > 0
+    knobs = module.VARIANTS["fp8_convert_k"]
+    assert not knobs.fp8_split_q
+    convert_k = loadable(lambda: module.build_variant("cuda_fp8kv", "fp8_convert_k", knobs))
+    convert_k_bf16, _ = fp8_kernels_sass(convert_k.metadata.misc["binary"])
+    assert "QGMMA" not in convert_k_bf16
+    assert 2 * bf16.count("HMUL2.BF16_V2") == convert_k_bf16.count("HMUL2.BF16_V2") > 0
 
 
 def fp8_kernels_sass(binary: str) -> tuple:

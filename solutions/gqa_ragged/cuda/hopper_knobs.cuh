@@ -83,8 +83,9 @@ using ShippedKnobs =
 // (kv_paged_fp8.cuh): kFp8Bf16Bits, their bf16 conversion (both FP8 kernels): true with integer
 // ops and a bf16x2 multiply, false with the hardware cvt e4m3x2 -> f16x2, then f16 -> f32 ->
 // bf16x2; kFp8SplitQ (the Hopper kernel, bf16 q): Q K^T as two e4m3 products on the cache's K
-// as TMA loads it (q split into two exact e4m3 terms per item), V alone converted; false: K and
-// V converted (TUNING.md, FP8: the split).
+// as TMA loads it (q split into two exact e4m3 terms per item), V alone converted (shipped:
+// 1.18-1.26x the conversion of both on an H200); false: K and V converted (TUNING.md, FP8: the
+// split).
 template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
           bool kFp8SplitQ_ = false>
 struct BuildKnobs {
@@ -97,7 +98,7 @@ struct BuildKnobs {
 
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true, false>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true, true>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

@@ -196,6 +196,226 @@ def test_fp8_register_split_fits_the_launch(dtype):
     assert producer * 128 + consumer * (threads - 128) <= launch * threads
 
 
+# 1b. Knob fp8_split_q (off in the shipped configs): Q K^T in e4m3 on the cache's K -----------
+
+SPLIT_Q = "fp8_split_q"
+E4M3_QK = (
+    "tl::wgmma_ss<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, "
+    "tl::DataType::kFloat32, 64, 128, 32, false, false"
+)  # m64n128k32, both operands K-major in shared memory
+
+
+def split_q_config():
+    """The shipped config of the FP8 program (paged: no pingpong) with the knob on."""
+    return {**tilelang_kernels().block_config("bfloat16", True, False), SPLIT_Q: True}
+
+
+def compiled_split_q(dtype: str = "bfloat16"):
+    """(device source, host source, ptxas report) of the FP8 variant with fp8_split_q."""
+    key = (dtype, SPLIT_Q)
+    if key not in _compiled:
+        kernels = tilelang_kernels()
+        kernel, ptxas = compile_fresh(
+            kernels, dtype, True, page_size=64, cache_dtype=kernels.FP8_E4M3, **split_q_config()
+        )  # fmt: skip
+        _compiled[key] = (kernel.get_kernel_source(), kernel.adapter.get_host_source(), ptxas)
+    return _compiled[key]
+
+
+def steps_module():
+    package = tilelang_kernels().__name__.rpartition(".")[0]
+    return importlib.import_module(package + ".gqa_prefill_steps")
+
+
+def test_fp8_split_q_is_off_in_the_shipped_configs():
+    kernels = tilelang_kernels()
+    configs = [kernels.block_config(d, c, g) for d in FP8_DTYPES for c in (0, 1) for g in (0, 1)]
+    assert not any(config.get(SPLIT_Q, False) for config in configs + [kernels.pack_config()])
+
+
+FP8_DTYPES = ("bfloat16", "float16")
+
+
+@pytest.mark.parametrize(
+    "dtype,fp8,split,pack,applies",
+    [
+        ("bfloat16", True, False, False, True),
+        ("float16", True, False, False, False),  # 11 bits: two e4m3 terms hold 8
+        ("bfloat16", True, True, False, False),  # the decode-like programs convert K
+        ("bfloat16", True, False, True, False),
+        ("bfloat16", True, True, True, False),
+        ("bfloat16", False, False, False, False),  # 16-bit caches: nothing to split for
+    ],
+)
+def test_fp8_split_q_applies_to_the_unpacked_bfloat16_program_only(
+    dtype, fp8, split, pack, applies
+):
+    """A knob merged into every block_config (scripts/tilelang_variant.py) reaches every
+    program; only the unpacked, unsplit bfloat16 one over FP8 caches changes."""
+    kernels = tilelang_kernels()
+    steps = steps_module().build_steps(
+        dtype, True, 64 if pack else 128, 128, 64, cache_dtype=kernels.FP8_E4M3 if fp8 else None,
+        split=split, pack=pack, fp8_split_q=True,
+    )  # fmt: skip
+    assert steps.split_q == applies
+    assert getattr(steps.kv, "split_q", False) == applies
+    if fp8:
+        assert steps.kv.k_ring_dtype == (kernels.FP8_E4M3 if applies else dtype)
+
+
+def test_fp8_split_q_runs_q_kt_in_e4m3_without_converting_k():
+    """The consumers' Q K^T: two e4m3 wgmmas (q_hi, then q_lo into the same accumulator) on
+    the ring's e4m3 K at each of its three call sites (tile 0, the unmasked and the masked
+    loop); P V stays bf16. K comes by TMA straight into the ring slot (a box of 64 slots x 128
+    bytes per page in the cache, on k_full), 128-byte swizzled as the e4m3 wgmma's descriptors
+    read it; only V is staged and converted."""
+    source, host, _ = compiled_split_q()
+    assert source.count(E4M3_QK) == 6
+    assert "wgmma_ss<tl::DataType::kBFloat16" not in source  # no 16-bit Q K^T
+    assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source  # P V
+    descriptor = r"initialize_wgmma_descriptor<1, 1, 64>\(desc_a\w*, \(&\(\(\(fp8_e4_t\*\)(Q_\w+)\)"
+    descriptors = re.findall(descriptor, source)  # the A operand of each e4m3 Q K^T
+    assert descriptors == ["Q_hi", "Q_lo"] * 3, descriptors
+    # No K staging and no K conversion; V's as the shipped program's.
+    assert "K8" not in source and "k8_full" not in source
+    assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)V8)[") == 1
+    assert source.count(".expect_transaction(8192);") == 4  # K: 1 site, V: 3 (as before)
+    pattern = (
+        r"tl::tma_load\(K_cache_desc, k_full\[\(g & 1\)\], "
+        r"\(&\(\(\(fp8_e4_t\*\)K_shared\)\[\(\(\(g & 1\) \* 16384\) \+ \(p_\d+ \* 8192\)\)\]\)\), "
+        r"0, 0, \(tile\[5\] >> 2\), pages\[p_\d+\]\);"
+    )
+    assert len(re.findall(pattern, source)) == 1
+    # The K slot is waited free (k_empty) before the boxes, and k_full's 128 loader threads
+    # arrive after them.
+    k_load = source[source.index("k_empty[(g & 1)].wait(") : source.index("v8_full[(g & 1)].wait(")]
+    assert "tl::tma_load(K_cache_desc" in k_load and k_load.count("k_full[(g & 1)].arrive();") == 1
+    assert "k_full[0].init(128);" in source
+    swizzles = tensor_map_swizzles(host)
+    assert swizzles["K_cache_desc"] == 3, swizzles  # CU_TENSOR_MAP_SWIZZLE_128B
+    assert swizzles["V_cache_desc"] == 0, swizzles  # the staging buffer: no swizzle
+
+
+def tensor_map_swizzles(host: str) -> dict:
+    """{descriptor: its swizzle mode} from the host source's cuTensorMapEncodeTiled calls
+    (TileLang's packed arguments: descriptor, dtype, rank, address, rank dims, rank strides,
+    rank box dims, rank element strides, interleave, swizzle, ...)."""
+    swizzles = {}
+    creations = re.findall(r"void\* (\w+_desc) = stack_\d+;(.*?)TVMFFIFunctionCall", host, re.S)
+    for name, call in creations:
+        value = r"stack_ffi_any\)\[(\d+)\]\.v_int64\) = \(\(int64_t\)(-?\d+)\);"
+        args = dict(re.findall(value, call))
+        rank = int(args["2"])
+        swizzles[name] = int(args[str(4 + 4 * rank + 1)])
+    return swizzles
+
+
+def test_fp8_split_q_splits_q_once_an_item_with_the_kernels_constants():
+    """After Q lands, each consumer thread reads its accumulator rows of Q (bf16 -> fp32), takes
+    each row's largest |q| (shuffles within the quad), derives 2^-e (the row's softmax factor,
+    times scale * log2 e) and 2^e (NaN for a row holding inf) from its float bits with the
+    module's constants (split_rows below models them), writes e4m3(x 2^e) and e4m3 of the
+    remainder into Q_hi and Q_lo (satfinite: values stay below 256), fences them for the
+    async proxy, and the consumers sync before the first e4m3 wgmma. The softmax takes the
+    per-row factor in its FMA."""
+    source, _, _ = compiled_split_q()
+    fp8 = fp8_module()
+    start = source.index("q_full[0].wait((items_done[0] & 1));")
+    split = source[start : source.index(E4M3_QK, start)]
+    assert "__bfloat1622float2(" in split and "tl::AllReduce<tl::MaxOp, 4, 1" in split
+    clamp = fp8.E_CLAMP
+    target = fp8.SPLIT_Q_TOP
+    assert f"min(max((biased - 127), -{clamp}), {clamp})" in split
+    assert re.search(rf"condval_\d+ = {target};", split)  # a row of zeros: scaled by 1
+    assert f"+ {127 - target}) << 23" in split  # 2^(e - 7): the softmax's factor
+    assert f"({127 + target} - condval" in split  # 2^(7 - e): the scale into [128, 256)
+    assert "(biased == 255)" in split and "CUDART_NAN_F" in split
+    assert split.count("__NV_SATFINITE, __NV_E4M3)") == 3  # q_hi, q_hi again, q_lo
+    assert "__tl_cvt_fp8x2_to_float2(" in split  # q_hi back to fp32 for the remainder
+    assert "(fp8_e4_t*)Q_hi)" in split and "(fp8_e4_t*)Q_lo)" in split
+    fence = split.rindex("tl::fence_proxy_async();")
+    barrier = split.rindex("tl::__sync_thread_partial(4, 256);")
+    assert split.rindex("(fp8_e4_t*)Q_lo)") < fence < barrier
+    factors = re.findall(r"exp2f\(\(\(scores_max_prev\[i_\d+\] \* (\w+)\[", source)
+    assert factors == ["row_scale"] * 3, factors  # each softmax: tile 0's, both loops'
+    assert "sm_scale * 0x1.71547652b82fep+0f" in split  # scale * log2 e, k_scale folded
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_fp8_split_q_compiles_without_register_spills(dtype):
+    """The knob-on program keeps the shipped split (72 / 216 within the launch's 168) with 0
+    spills: the split's 64 fp32 values a thread live in acc_s, free between items."""
+    source, host, ptxas = compiled_split_q(dtype)
+    assert "tl::warpgroup_reg_dealloc<72>" in source
+    assert "tl::warpgroup_reg_alloc<216>" in source
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+def test_fp8_split_q_leaves_float16_q_on_the_16_bit_path():
+    """float16 q with the knob on: the shipped FP8 program, byte for byte."""
+    kernels = tilelang_kernels()
+    kernel, _ = compile_fresh(
+        kernels, "float16", True, page_size=64, cache_dtype=kernels.FP8_E4M3,
+        **{**kernels.block_config("float16", True, False), SPLIT_Q: True},
+    )  # fmt: skip
+    assert kernel.get_kernel_source() == compiled("float16")[0]
+
+
+def split_rows(q: torch.Tensor, top: int, clamp: int):
+    """The kernel's split (SplitQ) of bf16 rows, in torch: (q_hi, q_lo, 2^-e, 2^e) with
+    e = top - floor(log2 max |row|) (the exponent clamped to [-clamp, clamp]; a row of zeros
+    or subnormals: e = 0; a row holding inf: 2^e NaN), q_hi = e4m3(q 2^e) and q_lo =
+    e4m3(q 2^e - q_hi), both rounded to nearest, satfinite."""
+    values = q.float()
+    largest = values.abs().where(~values.isnan(), 0.0).amax(dim=1)  # fmaxf ignores NaN
+    biased = (largest.view(torch.int32) >> 23) & 0xFF
+    exponent = torch.where(biased == 0, top, (biased - 127).clamp(-clamp, clamp))
+    unscale = ((127 - top + exponent) << 23).view(F32)
+    scale = ((127 + top - exponent) << 23).view(F32)
+    scale = torch.where(biased == 0xFF, torch.nan, scale)
+    scaled = values * scale[:, None]
+
+    def e4m3(x):
+        return x.clamp(-448, 448).to(FP8).float().where(~x.isnan(), torch.nan)
+
+    q_hi = e4m3(scaled)
+    return q_hi, e4m3(scaled - q_hi), unscale, scale
+
+
+def test_fp8_split_q_terms_are_exact_on_bf16_rows():
+    """The module's constants (SPLIT_Q_TOP, E_CLAMP) on random bf16 rows over 60 binades, rows
+    of zeros and of subnormals: the scaled row's largest |value| lies in [2^top, 2^(top + 1))
+    (under e4m3's 448), q_hi + q_lo is the scaled row exactly where |value| >= 1/4 and within
+    2^-10 below, and 2^-e undoes the scaling exactly; a row holding inf gets a NaN scale (all
+    its terms NaN), a NaN stays NaN in its place."""
+    fp8 = fp8_module()
+    top, clamp = fp8.SPLIT_Q_TOP, fp8.E_CLAMP
+    assert 2.0 ** (top + 1) <= 448.0  # no term saturates
+    assert 2.0 ** -(clamp + top) > torch.finfo(F32).tiny  # 2^e, 2^-e normal floats
+    rng = torch.Generator().manual_seed(1)
+    magnitudes = 2.0 ** torch.randint(-30, 30, (512, 1), generator=rng).float()
+    q = (torch.randn(512, HEAD_DIM, generator=rng) * magnitudes).to(BF16)
+    q[0] = 0
+    q[1] = torch.tensor(2.0**-130).to(BF16)  # subnormal bf16
+    q_hi, q_lo, unscale, scale = split_rows(q, top, clamp)
+    scaled = q.float() * scale[:, None]
+    rows = slice(2, None)
+    largest = scaled[rows].abs().amax(dim=1)
+    assert ((2.0**top <= largest) & (largest < 2.0 ** (top + 1))).all()
+    big = scaled.abs() >= 0.25
+    assert torch.equal((q_hi + q_lo)[big], scaled[big])
+    assert ((q_hi + q_lo - scaled).abs() <= 2.0**-10).all()
+    assert torch.equal(scaled * unscale[:, None], q.float())
+    assert not q_hi[:2].any() and not q_lo[:2].any() and (unscale[:2] == 1).all()
+    # inf: the whole row NaN; NaN: that value NaN, the rest split as usual.
+    q[5, 3] = torch.inf
+    q[6, 7] = torch.nan
+    q_hi, q_lo, _, scale = split_rows(q, top, clamp)
+    assert scale[5].isnan() and q_hi[5].isnan().all() and q_lo[5].isnan().all()
+    assert q_hi[6, 7].isnan() and q_hi[6].isnan().sum() == 1 and not scale[6].isnan()
+
+
 # 2. The entry point's host logic on the CPU ----------------------------------------------------
 
 

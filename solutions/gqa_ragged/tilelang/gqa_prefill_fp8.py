@@ -31,8 +31,22 @@ cvt to f16x2 and two cvt f16 -> bf16.
 
 Shared memory: the 16-bit program's ring (128 KB) and Q (32 KB), and two staging buffers of
 32 KB (K8 and V8 [2, 128, 128]) in place of the output buffer: 224 KB.
+
+Knob fp8_split_q (off in the shipped configs; bfloat16 q, unpacked and unsplit programs only:
+split_q_applies): Q K^T in e4m3 on the cache's own K, as the CUDA and Triton kernels' knobs.
+The ring's K slots are e4m3 [2, 128, 128] (16 KB a stage, 128-byte swizzled, as the e4m3
+wgmma reads them: K-major); the loader warps wait for a slot's release and the first issues
+K's pages by TMA straight into it (a box of 64 slots x 128 bytes a page in the cache), then
+all four arrive on k_full; only V is staged and converted, as above. The consumers split Q
+once an item after q_full (SplitQ): a row scaled by 2^e (its largest |value| into [128, 256))
+is exactly q_hi + q_lo, q_hi = e4m3(row), q_lo = e4m3(row - q_hi) (bf16's 8 significant bits
+in two terms of 4; values under 1/4 once scaled within 2^-10), written into Q_hi and Q_lo
+(e4m3 [128, 128], 16 KB each); Q K^T is two e4m3 wgmmas into the same accumulator and the
+softmax takes scale x 2^-e per row. Shared memory 192 KB (ring 96 KB, Q 32 KB, V8 32 KB, Q_hi
+and Q_lo 32 KB).
 """
 
+import math
 from types import SimpleNamespace
 
 import tilelang.language as T
@@ -40,6 +54,11 @@ import tilelang.language as T
 from .gqa_prefill_shapes import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
 FP8_E4M3 = "float8_e4m3fn"  # torch.float8_e4m3fn
+# fp8_split_q (SplitQ): a row of q scaled by 2^(SPLIT_Q_TOP - p), p = floor(log2 of its largest
+# |value|), puts that value in [2^7, 2^8) = [128, 256), under e4m3's 448; p within [-E_CLAMP,
+# E_CLAMP], so that both powers of two stay normal floats (CUDA's and Triton's bound).
+SPLIT_Q_TOP = 7
+E_CLAMP = 100
 LOADER_THREADS = 128  # the producer warpgroup
 GATHER_ROWS = LOADER_THREADS * 8 // HEAD_DIM  # rows a pass of the V gather moves
 ROLLED = {"pragma_unroll_factor": 1}
@@ -86,15 +105,25 @@ __device__ __forceinline__ void tl_e4m3x8_to_bf16x8_x{GROUP}({SOURCES}, {DESTINA
 """
 
 
-def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
+def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
+    """Whether knob fp8_split_q changes the program: FP8 caches, bfloat16 q (float16's 11 bits
+    do not fit two e4m3 terms), unpacked and unsplit (the decode-like programs keep the
+    conversion: their tiles are mostly padding rows, and Triton's split lost 7% there)."""
+    return cache_dtype == FP8_E4M3 and dtype == "bfloat16" and not split and not pack
+
+
+def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNamespace:
     """The FP8 source: the 16-bit page-size-64 source (source, helpers: gqa_prefill_kv's) with
-    its own kernel arguments, scratch and producer loads."""
+    its own kernel arguments, scratch and producer loads. split_q (knob fp8_split_q, bfloat16
+    q: split_q_applies): K goes by TMA straight into an e4m3 ring and the consumers split Q in
+    two e4m3 terms (SplitQ); only V is staged and converted."""
     assert cache_dtype == FP8_E4M3, "FP8 caches are float8_e4m3fn"
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     page_size, pages_per_tile = source.page_size, helpers.pages_per_tile
     in_cache, page_is_whole, clamp = helpers.in_cache, helpers.page_is_whole, helpers.clamp
     page_id = helpers.page_id
     bits = dtype == "bfloat16"  # the bit-level conversion (float16: the cvt)
+    assert not split_q or bits, "fp8_split_q: bfloat16 q"
 
     def kernel(body):
         """The page-size-64 arguments (gqa_prefill_kv.paged_kv), k_cache and v_cache FP8, and
@@ -131,9 +160,10 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
         bytes) and consumed (the 128 converting threads), and the staged tile's page ids (the
         first loader warp's registers)."""
         pages, bad = helpers.alloc_scratch()
-        K8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
+        # split_q: K is not staged (K8 and k8_full None).
+        K8 = None if split_q else T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
         V8 = T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
-        k8_full = T.alloc_barrier([32] * STAGING)
+        k8_full = None if split_q else T.alloc_barrier([32] * STAGING)
         v8_full = T.alloc_barrier([32] * STAGING)
         consumed = T.alloc_barrier([LOADER_THREADS] * STAGING)
         staged_pages = T.alloc_local([pages_per_tile], T.int32)
@@ -163,7 +193,11 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
         T.mbarrier_wait_parity(consumed[b], ((gt // STAGING) & 1) ^ 1)
         for p in T.unroll(pages_per_tile):
             staged_pages[p] = page_id(kv, kv_start, seq_kv, t * pages_per_tile + p)
-        Stage(kv[0], K8, k8_full, b, staged_pages, kv_head, lambda p: in_cache(kv, staged_pages[p]))
+        if not split_q:  # split_q: K goes into the ring at its turn (LoadTile)
+            Stage(
+                kv[0], K8, k8_full, b, staged_pages, kv_head,
+                lambda p: in_cache(kv, staged_pages[p]),
+            )  # fmt: skip
         Stage(
             kv[1], V8, v8_full, b, staged_pages, kv_head,
             lambda p: page_is_whole(kv, staged_pages, t, seq_kv, p),
@@ -238,11 +272,26 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
         b = g % STAGING
         staged = (g // STAGING) & 1
         helpers.FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
-        T.mbarrier_wait_parity(k8_full[b], staged)
-        T.mbarrier_wait_parity(k_empty[stage], phase)
-        Convert(K8, b, K_shared, stage)
-        T.fence_proxy_async()  # the generic proxy's writes, before wgmma reads them
-        T.mbarrier_arrive(k_full[stage])
+        if split_q:
+            # K's pages in the cache by TMA into the e4m3 ring slot, a box each (64 slots x 128
+            # bytes: one 128-byte swizzle row), from the first warp; the slot's other rows keep
+            # what they held (masked, as the 16-bit program's). k_full: 128 arrivals, the bytes.
+            T.mbarrier_wait_parity(k_empty[stage], phase)
+            if T.get_thread_binding() % LOADER_THREADS < 32:
+                for p in T.unroll(pages_per_tile):
+                    if in_cache(kv, pages[p]):
+                        T.tma_copy(
+                            kv[0][pages[p], 0:page_size, kv_head, :],
+                            K_shared[stage, p * page_size : (p + 1) * page_size, :],
+                            barrier=k_full[stage],
+                        )
+            T.mbarrier_arrive(k_full[stage])
+        else:
+            T.mbarrier_wait_parity(k8_full[b], staged)
+            T.mbarrier_wait_parity(k_empty[stage], phase)
+            Convert(K8, b, K_shared, stage)
+            T.fence_proxy_async()  # the generic proxy's writes, before wgmma reads them
+            T.mbarrier_arrive(k_full[stage])
         T.mbarrier_wait_parity(v8_full[b], staged)
         T.mbarrier_wait_parity(v_empty[stage], phase)
         Convert(V8, b, V_shared, stage)
@@ -255,8 +304,47 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype) -> SimpleNamespace:
             if k + STAGING < tiles:
                 StageTile(kv, scratch, k + STAGING, g + STAGING, kv_start, seq_kv, kv_head)
 
+    @T.macro
+    def SplitQ(Q_shared, q_split, acc_s, top, scale_log2):
+        """split_q, the consumers (once an item, once Q landed): Q's rows as two e4m3 terms,
+        q_split = (Q_hi, Q_lo, row_scale), and each row's softmax scale scale_log2 x 2^-e
+        (SPLIT_Q_TOP, E_CLAMP; tests/test_tilelang_fp8.py models it in torch). Q goes through
+        acc_s (free between items; its layout is the accumulator's, so top and row_scale share
+        the softmax's row layout); each thread writes the terms of its accumulator rows, fenced
+        for wgmma's async proxy (the barrier before the first Q K^T is TileLang's)."""
+        Q_hi, Q_lo, row_scale = q_split
+        T.copy(Q_shared, acc_s)
+        T.reduce_absmax(acc_s, top, dim=1)
+        for i in T.Parallel(top.shape[0]):
+            # floor(log2(the row's largest |q|)) from its float bits; 0 or a subnormal: the
+            # row is scaled by 1 (it rounds to zero terms either way); inf (0xFF): by NaN.
+            biased = T.shift_right(T.reinterpret(top[i], T.int32), 23) & 0xFF
+            exponent = T.if_then_else(
+                biased == 0, SPLIT_Q_TOP, T.min(T.max(biased - 127, -E_CLAMP), E_CLAMP)
+            )  # fmt: skip
+            row_scale[i] = scale_log2 * T.reinterpret(
+                T.shift_left(127 - SPLIT_Q_TOP + exponent, 23), T.float32
+            )  # fmt: skip
+            top[i] = T.if_then_else(
+                biased == 0xFF, T.float32(math.nan),
+                T.reinterpret(T.shift_left(127 + SPLIT_Q_TOP - exponent, 23), T.float32),
+            )  # fmt: skip
+        for i, j in T.Parallel(top.shape[0], HEAD_DIM):
+            scaled = acc_s[i, j] * top[i]
+            Q_hi[i, j] = T.Cast(cache_dtype, scaled)
+            # The same cast again, not a read of Q_hi (nvcc shares the conversion).
+            Q_lo[i, j] = T.Cast(
+                cache_dtype, scaled - T.Cast(T.float32, T.Cast(cache_dtype, scaled))
+            )
+        T.fence_proxy_async()
+
     fp8 = SimpleNamespace(**vars(source))
     fp8.kernel, fp8.alloc_scratch, fp8.LoadTile = kernel, alloc_scratch, LoadTile
+    # split_q: the ring's K is e4m3, and the consumers split Q (SplitQ) into two [block_M, 128]
+    # e4m3 buffers (the program allocates them) for two e4m3 Q K^T.
+    fp8.split_q = split_q
+    fp8.k_ring_dtype = cache_dtype if split_q else dtype
+    fp8.SplitQ = SplitQ
     fp8.StartItem = StartItem
     fp8.loader_warps = LOADER_THREADS // 32
     # The consumers store the output from registers: the output buffer's room stages a tile.

@@ -111,6 +111,7 @@ def gqa_prefill(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
+    fp8_split_q: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -143,6 +144,10 @@ def gqa_prefill(
     pack (paged, causal): GQA head packing, items (token block, KV head), a tile's rows the
     (token, query head) pairs of block_M // 4 tokens (gqa_prefill_steps.build_steps).
 
+    fp8_split_q (a knob, off in the shipped configs: TUNING.md, FP8): over FP8 caches with
+    bfloat16 q, unpacked and unsplit, Q K^T as two e4m3 wgmmas on the cache's K (Q split in
+    two e4m3 terms, K not converted; gqa_prefill_fp8); every other program ignores it.
+
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
 
@@ -157,7 +162,8 @@ def gqa_prefill(
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     """
     steps = build_steps(
-        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack
+        dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
+        fp8_split_q,
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:

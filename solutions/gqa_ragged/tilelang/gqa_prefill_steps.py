@@ -26,7 +26,9 @@ import math
 from types import SimpleNamespace
 
 import tilelang.language as T
+from tilelang import tvm
 
+from .gqa_prefill_fp8 import split_q_applies
 from .gqa_prefill_kv import ASYNC_COPY, build_kv
 from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
@@ -65,6 +67,7 @@ def build_steps(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
+    fp8_split_q: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -81,7 +84,9 @@ def build_steps(
     ones, as causal; the tiles between run unmasked.
 
     cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
-    scaling the output in the epilogue.
+    scaling the output in the epilogue. fp8_split_q (FP8 caches, bfloat16 q, unpacked,
+    unsplit; ignored elsewhere: gqa_prefill_fp8.split_q_applies): Q K^T in e4m3 on the cache's
+    K, Q split in two e4m3 terms by the consumers, a per-row softmax scale.
 
     split (causal, paged): split-KV. Output and LSE are fp32 workspaces of shares * total_q
     rows (the symbolic out_rows; share s writes rows s * total_q ...), each share's normalised
@@ -118,7 +123,8 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    kv_source = build_kv(page_size, dims, cache_dtype)
+    split_q = fp8_split_q and split_q_applies(dtype, cache_dtype, split, pack)
+    kv_source = build_kv(page_size, dims, cache_dtype, split_q)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 
@@ -429,6 +435,11 @@ def build_steps(
         )
         Mask(acc_s, k, seq_kv, full_end, q_pos0)
 
+    def row_scale(scale_log2, i):
+        """Row i's scale: scale_log2 itself, or its row's entry (a per-row fragment: FP8's
+        split Q, each row scaled by its own power of two)."""
+        return scale_log2[i] if isinstance(scale_log2, tvm.tirx.Buffer) else scale_log2
+
     @T.macro
     def Softmax(
         acc_s,
@@ -440,7 +451,8 @@ def build_steps(
         logsum,
         scale_log2,
     ):
-        """Online softmax in base 2: scale * log2(e) folded into one FMA per logit."""
+        """Online softmax in base 2: scale * log2(e) folded into one FMA per logit (scale_log2:
+        a scalar, or a fragment of one per row: row_scale)."""
         T.copy(scores_max, scores_max_prev)
         T.fill(scores_max, neg_inf)
         T.reduce_max(acc_s, scores_max, dim=1, clear=False)
@@ -449,11 +461,11 @@ def build_steps(
             # A row with no visible key so far has max -inf: subtract 0 instead, so that
             # exp2(-inf - -inf) = NaN never happens and its weights stay 0.
             max_scaled[i] = T.if_then_else(
-                scores_max[i] == neg_inf, 0.0, scores_max[i] * scale_log2
+                scores_max[i] == neg_inf, 0.0, scores_max[i] * row_scale(scale_log2, i)
             )
-            scores_scale[i] = T.exp2(scores_max_prev[i] * scale_log2 - max_scaled[i])
+            scores_scale[i] = T.exp2(scores_max_prev[i] * row_scale(scale_log2, i) - max_scaled[i])
         for i, j in T.Parallel(block_M, block_N):
-            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - max_scaled[i])
+            acc_s[i, j] = T.exp2(acc_s[i, j] * row_scale(scale_log2, i) - max_scaled[i])
         T.reduce_sum(acc_s, scores_sum, dim=1)
         for i in T.Parallel(block_M):
             logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
@@ -547,6 +559,7 @@ def build_steps(
     return SimpleNamespace(
         dtype=dtype, causal=causal, window=window, block_M=block_M, block_N=block_N,
         pack=pack, tokens=tokens, item_heads=item_heads, kv_head_of=kv_head_of,
+        split_q=split_q,
         GatherQ=GatherQ,
         kv=kv_source, kernel=kernel, position=position, left_end=left_end, split=split,
         shares=shares, item_fields=SPLIT_FIELDS if split else ITEM_FIELDS, out_row0=out_row0,

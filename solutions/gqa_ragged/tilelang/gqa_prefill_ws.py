@@ -125,6 +125,42 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         steps, consumer_threads, loader_warps, persistent, num_items, grid
     )  # fmt: skip
 
+    # FP8 caches with fp8_split_q (gqa_prefill_fp8): Q K^T in e4m3, Q as two terms (Q_hi, Q_lo)
+    # against the ring's e4m3 K, both into acc_s; the softmax takes a scale per row.
+    split_q = getattr(kv_source, "split_q", False)
+
+    def q_operand(Q_shared, q_split):
+        """Q K^T's first operand: Q's buffer, or split_q's (Q_hi, Q_lo)."""
+        return Q_shared if q_split is None else q_split[:2]
+
+    def softmax_scale(scale_log2, q_split):
+        """The softmax's scale: scale_log2, or split_q's per-row fragment."""
+        return scale_log2 if q_split is None else q_split[2]
+
+    def alloc_q_split():
+        """split_q: Q's two e4m3 terms (16 KB each) and the rows' softmax scales; else None."""
+        if not split_q:
+            return None
+        return (
+            T.alloc_shared([block_M, HEAD_DIM], kv_source.k_ring_dtype),
+            T.alloc_shared([block_M, HEAD_DIM], kv_source.k_ring_dtype),
+            T.alloc_fragment([block_M], accum_dtype),
+        )
+
+    @T.macro
+    def QKT(Q_shared, K_slot, acc_s):
+        """acc_s = Q K^T of a ring slot, issued (Q_shared: Q's buffer, or split_q's two e4m3
+        terms: two wgmmas into the same accumulator, hi then lo)."""
+        if split_q:
+            T.wgmma_gemm(
+                Q_shared[0], K_slot, acc_s, transpose_B=True, clear_accum=True, policy=policy
+            )  # fmt: skip
+            T.wgmma_gemm(Q_shared[1], K_slot, acc_s, transpose_B=True, policy=policy)
+        else:
+            T.wgmma_gemm(
+                Q_shared, K_slot, acc_s, transpose_B=True, clear_accum=True, policy=policy
+            )  # fmt: skip
+
     @T.macro
     def Step(
         k, ring, masked, Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars,
@@ -151,10 +187,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         T.mbarrier_wait_parity(k_full[stage], (g // num_stages) & 1)
         if pingpong:
             T.sync_threads(my_barrier, 256)
-        T.wgmma_gemm(
-            Q_shared, K_shared[stage, :, :], acc_s, transpose_B=True, clear_accum=True,
-            policy=policy,
-        )  # fmt: skip
+        QKT(Q_shared, K_shared[stage, :, :], acc_s)
         # The running max of tile k - 1 moved: rescale before its P V adds on.
         Rescale(acc_o, scores_scale)
         T.mbarrier_wait_parity(v_full[prev], ((g - 1) // num_stages) & 1)
@@ -206,11 +239,13 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     @T.macro
     def ConsumeItem(
         q_start, seq_q, seq_kv, q_tile, head, q_pos0, full_end, loop_range, buffers, stats, lse,
+        q_split,
         bars, q_full, q_empty, items_done, ring, Output, LSE, scale_log2, poisoned, out_scale,
     ):  # fmt: skip
         """Consumer: one item with query rows, from Q K^T of its KV tile 0 to its stores.
         buffers: Q, K, V and O's shared buffers and the accumulators; stats: the softmax's row
-        vectors; bars: as Step's; items_done and ring: the block's counters, advanced here."""
+        vectors; bars: as Step's; items_done and ring: the block's counters, advanced here.
+        q_split (split_q; else None): Q_hi, Q_lo and the per-row scale fragment."""
         Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o = buffers
         scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum = stats
         k_full, v_full, k_empty, v_empty, my_barrier, next_barrier = bars
@@ -221,40 +256,43 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
         T.fill(scores_max, neg_inf)
         T.fill(max_scaled, 0)
         T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
+        if split_q:
+            # Q's two e4m3 terms and the rows' scales (scores_sum: scratch for the rows' max);
+            # from here on Q K^T's operand (q_operand) and the softmax's scale (softmax_scale).
+            # (Inline calls, not names bound to their results: TileLang would rename Q_shared.)
+            kv_source.SplitQ(Q_shared, q_split, acc_s, scores_sum, scale_log2)
 
         # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
         T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
         if pingpong:
             T.sync_threads(my_barrier, 256)
-        T.wgmma_gemm(
-            Q_shared, K_shared[r % num_stages, :, :], acc_s, transpose_B=True,
-            clear_accum=True, policy=policy,
-        )  # fmt: skip
+        QKT(q_operand(Q_shared, q_split), K_shared[r % num_stages, :, :], acc_s)
         if pingpong:
             T.named_barrier_arrive(next_barrier, 256)
         T.wait_wgmma(0)
         T.mbarrier_arrive(k_empty[r % num_stages])
         Mask(acc_s, 0, seq_kv, full_end, q_pos0)
-        Softmax(acc_s, *stats, scale_log2)
+        Softmax(acc_s, *stats, softmax_scale(scale_log2, q_split))
 
         # Tiles 1 .. mask_from - 1 are fully visible: their loop has no mask.
         mask_from = T.max(T.min(full_end // block_N, loop_range), 1)
         bars = (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier)
         bufs = (
-            Q_shared, K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats, bars
+            q_operand(Q_shared, q_split), K_shared, V_shared, acc_s, acc_s_cast, acc_o, stats,
+            bars,
         )  # fmt: skip
         if window:
             # The band's left edge first (masked), then its interior (unmasked).
             interior = T.max(T.min(left_end(q_pos0), mask_from), 1)
             for k in T.serial(1, interior):
-                Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+                Step(k, r, True, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
             for k in T.serial(interior, mask_from):
-                Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+                Step(k, r, False, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         else:
             for k in T.serial(1, mask_from):
-                Step(k, r, False, *bufs, seq_kv, q_pos0, scale_log2)
+                Step(k, r, False, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         for k in T.serial(mask_from, loop_range):
-            Step(k, r, True, *bufs, seq_kv, q_pos0, scale_log2)
+            Step(k, r, True, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
 
         g_last = r + loop_range - 1
@@ -295,7 +333,14 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     def Body(Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler, window_left=None):
         with T.Kernel(grid, threads=threads, prelude=getattr(kv_source, "prelude", None)) as block:
             Q_shared = T.alloc_shared([block_M, HEAD_DIM], dtype)
-            K_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            if split_q:
+                # Read by SplitQ's copy, no wgmma operand: swizzled as the operand would be
+                # (TMA boxes as before, and the copy's 4-byte reads of 8 rows a warp without
+                # bank conflicts).
+                T.annotate_layout({Q_shared: make_swizzled_layout(Q_shared)})
+            K_shared = T.alloc_shared(
+                [num_stages, block_N, HEAD_DIM], getattr(kv_source, "k_ring_dtype", dtype)
+            )  # fmt: skip
             V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
             # Persistent: the output gets its own buffer, so the next item's Q can load while
             # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
@@ -322,6 +367,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             logsum = T.alloc_fragment([block_M], accum_dtype)
             lse = T.alloc_fragment([block_M], accum_dtype)
             stats = (scores_max, scores_max_prev, max_scaled, scores_scale, scores_sum, logsum)
+            q_split = alloc_q_split()
             # full: the producer warp's 32 threads arrive, TMA's bytes complete the phase;
             # empty: every consumer thread arrives once it is done with the slot.
             q_full = T.alloc_barrier(32)
@@ -408,7 +454,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                             out_start, seq_q, seq_kv, q_tile, head, position(q_pos0, window_left),
                             full_end, loop_range,
                             (Q_shared, K_shared, V_shared, O_shared, acc_s, acc_s_cast, acc_o),
-                            stats, lse,
+                            stats, lse, q_split,
                             (k_full, v_full, k_empty, v_empty, my_barrier, next_barrier),
                             q_full, q_empty, items_done, ring, Output, LSE, scale_log2,
                             kv_source.item_poisoned(scratch, items_done),

@@ -51,11 +51,14 @@ _compiled = {}
 
 
 def compiled(dtype: str = "bfloat16"):
-    """(device source, host source, ptxas report) of the FP8 variant."""
+    """(device source, host source, ptxas report) of the FP8 variant that converts K and V: the
+    shipped float16 one, and bfloat16's with knob fp8_split_q off (section 1b: the shipped
+    bfloat16 program splits q instead of converting K)."""
     if dtype not in _compiled:
         kernels = tilelang_kernels()
+        config = {**kernels.block_config(dtype, True, False), "fp8_split_q": False}
         kernel, ptxas = compile_fresh(
-            kernels, dtype, True, page_size=64, cache_dtype=kernels.FP8_E4M3
+            kernels, dtype, True, page_size=64, cache_dtype=kernels.FP8_E4M3, **config
         )
         _compiled[dtype] = (kernel.get_kernel_source(), kernel.adapter.get_host_source(), ptxas)
     return _compiled[dtype]
@@ -196,7 +199,7 @@ def test_fp8_register_split_fits_the_launch(dtype):
     assert producer * 128 + consumer * (threads - 128) <= launch * threads
 
 
-# 1b. Knob fp8_split_q (off in the shipped configs): Q K^T in e4m3 on the cache's K -----------
+# 1b. Knob fp8_split_q (on in the shipped config): Q K^T in e4m3 on the cache's K ---------------
 
 SPLIT_Q = "fp8_split_q"
 E4M3_QK = (
@@ -206,8 +209,8 @@ E4M3_QK = (
 
 
 def split_q_config():
-    """The shipped config of the FP8 program (paged: no pingpong) with the knob on."""
-    return {**tilelang_kernels().block_config("bfloat16", True, False), SPLIT_Q: True}
+    """The shipped config of the FP8 program (paged: no pingpong), the knob on."""
+    return tilelang_kernels().block_config("bfloat16", True, False)
 
 
 def compiled_split_q(dtype: str = "bfloat16"):
@@ -227,10 +230,12 @@ def steps_module():
     return importlib.import_module(package + ".gqa_prefill_steps")
 
 
-def test_fp8_split_q_is_off_in_the_shipped_configs():
+def test_fp8_split_q_is_on_in_the_shipped_fp8_config():
+    """The FP8 programs are causal and paged (block_config(dtype, True, False)); the packed
+    decode-like ones (pack_config) keep the conversion either way (split_q_applies)."""
     kernels = tilelang_kernels()
-    configs = [kernels.block_config(d, c, g) for d in FP8_DTYPES for c in (0, 1) for g in (0, 1)]
-    assert not any(config.get(SPLIT_Q, False) for config in configs + [kernels.pack_config()])
+    assert all(kernels.block_config(d, True, False)[SPLIT_Q] is True for d in FP8_DTYPES)
+    assert not kernels.pack_config().get(SPLIT_Q, False)
 
 
 FP8_DTYPES = ("bfloat16", "float16")
@@ -353,7 +358,8 @@ def test_fp8_split_q_compiles_without_register_spills(dtype):
 
 
 def test_fp8_split_q_leaves_float16_q_on_the_16_bit_path():
-    """float16 q with the knob on: the shipped FP8 program, byte for byte."""
+    """float16 q: the knob (on in the shipped config) changes nothing, its program is the one
+    with the knob off byte for byte."""
     kernels = tilelang_kernels()
     kernel, _ = compile_fresh(
         kernels, "float16", True, page_size=64, cache_dtype=kernels.FP8_E4M3,

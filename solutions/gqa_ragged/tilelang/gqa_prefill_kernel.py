@@ -78,11 +78,14 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     persistent (128 x 176 does not fit persistent: its output buffer would make 240 KB).
     contiguous: K/V in ragged rows without a window. Only there do the causal warpgroups take
     turns (pingpong: +1-3% on causal padded and ragged batches; the window, paged and FP8
-    programs lost up to 10% with it: TUNING.md, "An item's transitions")."""
+    programs lost up to 10% with it: TUNING.md, "An item's transitions"). fp8_split_q: over FP8
+    caches with bfloat16 q, Q K^T as two e4m3 wgmmas on the cache's K (+7-17% on an H200,
+    TUNING.md, FP8); the programs it does not apply to ignore it (split_q_applies)."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
         return dict(
-            block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous
+            block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous,
+            fp8_split_q=True,
         )  # fmt: skip
     return dict(block_M=128, block_N=176, num_stages=2, ws=True)
 
@@ -144,7 +147,7 @@ def gqa_prefill(
     pack (paged, causal): GQA head packing, items (token block, KV head), a tile's rows the
     (token, query head) pairs of block_M // 4 tokens (gqa_prefill_steps.build_steps).
 
-    fp8_split_q (a knob, off in the shipped configs: TUNING.md, FP8): over FP8 caches with
+    fp8_split_q (a knob, on in the causal block_config: TUNING.md, FP8): over FP8 caches with
     bfloat16 q, unpacked and unsplit, Q K^T as two e4m3 wgmmas on the cache's K (Q split in
     two e4m3 terms, K not converted; gqa_prefill_fp8); every other program ignores it.
 

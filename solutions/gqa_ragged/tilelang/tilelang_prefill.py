@@ -389,7 +389,8 @@ def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, 
     """run_paged_ps64 over float8_e4m3fn caches (a page stride a multiple of 16 elements), the
     real K = k_cache * k_scale and V = v_cache * v_scale (k_scale, v_scale finite): k_scale
     joins the softmax scale, v_scale multiplies the output in the kernel's epilogue (lse
-    unchanged: fold_kv_scales). The kernel converts the FP8 pages to q's dtype on chip."""
+    unchanged: fold_kv_scales). The kernel converts the FP8 V pages to q's dtype on chip, and K's
+    under float16 q (bfloat16 q: Q K^T in e4m3 on K as stored, gqa_prefill_fp8's split)."""
     sm_scale, v_scale = fold_kv_scales(sm_scale, k_scale, v_scale)
     _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                sm_scale, output, lse, v_scale)  # fmt: skip

@@ -56,6 +56,11 @@ VARIANTS = {
     # cuda/TUNING.md, FP8: the split). On the FP8 definition: --json cuda_fp8kv .ab
     # fp8_convert_k, then compare_gpu.py cuda_fp8kv --old .ab/*.json.
     "fp8_convert_k": BuildKnobs(fp8_split_q=False),
+    # FP8 caches under bf16 q: P V in bf16, V by the bit-level conversion (four instructions a
+    # pair; shipped until 2026-11-28 (15), when P V went float16, V by the hardware cvt, one
+    # a pair: cuda/TUNING.md). --json cuda_fp8kv .ab fp8_bf16_pv, then compare_gpu.py
+    # cuda_fp8kv --old .ab/*.json.
+    "fp8_bf16_pv": BuildKnobs(fp8_f16_pv=False),
     # Scale the logits first (one FMUL each), then exp2(s - max).
     "unfolded_scale": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, fold_scale=False),

@@ -40,7 +40,7 @@ def test_variants_name_knob_types():
     assert (
         "#define GQA_PREFILL_KNOBS BuildKnobs<HopperKnobs<128, 3, 32, 232, true, false, true>, "
         "HopperKnobs<176, 2, 24, 240, true, false, false>, "
-        "HopperKnobs<128, 2, 32, 232, true, true, true>, true, true>\n"
+        "HopperKnobs<128, 2, 32, 232, true, true, true>, true, true, true>\n"
     ) in header
     with pytest.raises(ValueError):
         variant_header("not an identifier", SHIPPED)
@@ -84,15 +84,44 @@ def test_fp8_split_q_runs_q_k_in_e4m3_on_bf16_q_only(monkeypatch):
     bf16, half = fp8_kernels_sass(binary)
     assert bf16.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 16
     assert "QGMMA" not in half and "HGMMA.64x128x16.F32 " in half
-    # The split's casts (q_hi, q_lo) are there, and the producer converts V alone: half the
-    # knob-off kernel's bf16x2 multiplies by 2^120 (the bit-level conversion's last step).
+    # The split's casts (q_hi, q_lo; q_hi back to f16 by the cvt) are there, and the producer
+    # converts V alone (to f16 by the cvt, fp8_f16_pv); knob off, K's pairs take the bit-level
+    # bf16 conversion (its last step a bf16x2 multiply by 2^120), as many as V's.
     assert "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C" in bf16
+    assert "HMUL2.BF16_V2" not in bf16
     knobs = module.VARIANTS["fp8_convert_k"]
     assert not knobs.fp8_split_q
     convert_k = loadable(lambda: module.build_variant("cuda_fp8kv", "fp8_convert_k", knobs))
     convert_k_bf16, _ = fp8_kernels_sass(convert_k.metadata.misc["binary"])
     assert "QGMMA" not in convert_k_bf16
-    assert 2 * bf16.count("HMUL2.BF16_V2") == convert_k_bf16.count("HMUL2.BF16_V2") > 0
+    v_pairs = convert_k_bf16.count("F2FP.F16.E4M3.UNPACK_B")  # no split there
+    assert convert_k_bf16.count("HMUL2.BF16_V2") == v_pairs > 0
+    assert bf16.count("F2FP.F16.E4M3.UNPACK_B") > v_pairs  # V's and the split's
+
+
+@needs_nvcc
+def test_fp8_f16_pv_runs_p_v_in_float16(monkeypatch):
+    """Knob fp8_f16_pv (shipped on): the bf16-q FP8 Hopper kernel runs P V as float16 wgmmas,
+    V converted by the hardware cvt, one F2FP a pair; variant fp8_bf16_pv (the knob off) runs
+    it in bf16, V by the bit-level conversion (one bf16x2 multiply a pair), without spilling."""
+    module = tune_cuda()
+    monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "9.0a")
+    shipped = loadable(lambda: module.build_variant("cuda_fp8kv", "default", SHIPPED))
+    bf16, _ = fp8_kernels_sass(shipped.metadata.misc["binary"])
+    assert SHIPPED.fp8_f16_pv and SHIPPED.fp8_split_q
+    assert "HGMMA.64x128x16.F32 " in bf16 and "HGMMA.64x128x16.F32.BF16" not in bf16
+    knobs = module.VARIANTS["fp8_bf16_pv"]
+    assert not knobs.fp8_f16_pv
+    built = loadable(lambda: module.build_variant("cuda_fp8kv", "fp8_bf16_pv", knobs))
+    binary = built.metadata.misc["binary"]
+    for kernel, usage in module.hopper_resources(binary):
+        assert "STACK:0 LOCAL:0" in usage, f"fp8_bf16_pv: {kernel} spills ({usage})"
+    bf16_pv, _ = fp8_kernels_sass(binary)
+    assert "HGMMA.64x128x16.F32.BF16" in bf16_pv
+    assert bf16_pv.count("QGMMA.64x128x32.F32.E4M3.E4M3") == 16
+    # V's pairs: the cvt's there, the multiplies here (the split's cvts are in both).
+    v_pairs = bf16.count("F2FP.F16.E4M3.UNPACK_B") - bf16_pv.count("F2FP.F16.E4M3.UNPACK_B")
+    assert bf16_pv.count("HMUL2.BF16_V2") == v_pairs > 0
 
 
 def fp8_kernels_sass(binary: str) -> tuple:

@@ -106,7 +106,7 @@ def test_fp8_loads_pages_by_tma_and_converts():
     # wgmma's async proxy.
     assert "prmt.b32" in source and "mul.rn.bf16x2" in source
     assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)K8)[") == 1
-    assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)V8)[") == 1
+    assert source.count("tl_e4m3x8_to_f16x8_x8((&(((fp8_e4_t*)V8)[") == 1  # fp8_f16_pv
     assert "for (int j = 0; j < 2; ++j) {\n" in source
     prelude = source[source.index("void tl_e4m3x8_to_bf16x8_x8(") :]
     prelude = prelude[: prelude.index("\n}\n")]
@@ -260,30 +260,33 @@ def test_fp8_split_q_applies_to_the_unpacked_bfloat16_program_only(
     kernels = tilelang_kernels()
     steps = steps_module().build_steps(
         dtype, True, 64 if pack else 128, 128, 64, cache_dtype=kernels.FP8_E4M3 if fp8 else None,
-        split=split, pack=pack, fp8_split_q=True,
+        split=split, pack=pack, fp8_split_q=True, fp8_f16_pv=True,
     )  # fmt: skip
     assert steps.split_q == applies
     assert getattr(steps.kv, "split_q", False) == applies
     if fp8:
         assert steps.kv.k_ring_dtype == (kernels.FP8_E4M3 if applies else dtype)
+        # fp8_f16_pv goes with the split: P V in float16 there only.
+        assert steps.kv.v_ring_dtype == ("float16" if applies else dtype)
 
 
 def test_fp8_split_q_runs_q_kt_in_e4m3_without_converting_k():
     """The consumers' Q K^T: two e4m3 wgmmas (q_hi, then q_lo into the same accumulator) on
     the ring's e4m3 K at each of its three call sites (tile 0, the unmasked and the masked
-    loop); P V stays bf16. K comes by TMA straight into the ring slot (a box of 64 slots x 128
-    bytes per page in the cache, on k_full), 128-byte swizzled as the e4m3 wgmma's descriptors
-    read it; only V is staged and converted."""
+    loop); P V in float16 (fp8_f16_pv, on in the shipped config). K comes by TMA straight into
+    the ring slot (a box of 64 slots x 128 bytes per page in the cache, on k_full), 128-byte
+    swizzled as the e4m3 wgmma's descriptors read it; only V is staged and converted."""
     source, host, _ = compiled_split_q()
     assert source.count(E4M3_QK) == 6
     assert "wgmma_ss<tl::DataType::kBFloat16" not in source  # no 16-bit Q K^T
-    assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source  # P V
+    assert "tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16" in source  # P V
+    assert "tl::wgmma_rs<tl::DataType::kBFloat16" not in source
     descriptor = r"initialize_wgmma_descriptor<1, 1, 64>\(desc_a\w*, \(&\(\(\(fp8_e4_t\*\)(Q_\w+)\)"
     descriptors = re.findall(descriptor, source)  # the A operand of each e4m3 Q K^T
     assert descriptors == ["Q_hi", "Q_lo"] * 3, descriptors
     # No K staging and no K conversion; V's as the shipped program's.
     assert "K8" not in source and "k8_full" not in source
-    assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)V8)[") == 1
+    assert source.count("tl_e4m3x8_to_f16x8_x8((&(((fp8_e4_t*)V8)[") == 1  # fp8_f16_pv
     assert source.count(".expect_transaction(8192);") == 4  # K: 1 site, V: 3 (as before)
     pattern = (
         r"tl::tma_load\(K_cache_desc, k_full\[\(g & 1\)\], "
@@ -355,6 +358,22 @@ def test_fp8_split_q_compiles_without_register_spills(dtype):
     assert "tl::warpgroup_reg_alloc<216>" in source
     assert "Used 168 registers" in ptxas
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
+
+
+def test_fp8_f16_pv_converts_v_with_the_cvt_and_rounds_p_to_float16():
+    """Knob fp8_f16_pv (on in the shipped config, with the split): V's ring slots are float16,
+    filled by the prelude's grouped cvt.rn.f16x2.e4m3x2 (two a word, no bf16x2 multiply) and,
+    for pages that are not whole, by the gather's casts to half; P is rounded to half for the
+    P V wgmma; the output stays bfloat16."""
+    source, _, _ = compiled_split_q()
+    fp8 = fp8_module()
+    assert split_q_config()["fp8_f16_pv"] is True
+    assert source.count("cvt.rn.f16x2.e4m3x2") == 2  # the prelude's, once per 16-bit half
+    assert "tl_e4m3x8_to_bf16x8_x8((" not in source  # defined, never called
+    assert "mul.rn.bf16x2" in fp8.FP8_TO_BF16 and "mul.rn.bf16x2" not in fp8.FP8_TO_F16
+    assert "half_t V_shared_local_cast[8];" in source  # the V gather's casts
+    assert "*(uint4*)(((half_t*)V_shared) + " in source
+    assert "bfloat16_t* __restrict__ Output" in source  # the output in q's dtype
 
 
 def test_fp8_split_q_leaves_float16_q_on_the_16_bit_path():

@@ -48,7 +48,8 @@ def test_fp8_is_the_bf16_kernel_on_dequantized_caches(monkeypatch):
     """The launch gets the FP8 caches (not a copy); e4m3 -> bf16 is exact and power-of-two scales
     are too, so the bf16 kernel on k_cache * 2, v_cache * 0.5 (in bf16) computes the same
     logits (bf16 q's Q K^T as two e4m3 products, split_q_fp8: the same up to fp32 rounding in
-    the interpreter), and an output that differs only by where v_scale is applied."""
+    the interpreter), and an output that differs only by where v_scale is applied and by P's
+    rounding (P V in float16 under the split: _load_v_tile)."""
     module = triton_module()
     inputs = make_inputs(CASE, DEVICE, seed=21)
     k_cache, v_cache = inputs[1:3]

@@ -85,20 +85,25 @@ using ShippedKnobs =
 // bf16x2; kFp8SplitQ (the Hopper kernel, bf16 q): Q K^T as two e4m3 products on the cache's K
 // as TMA loads it (q split into two exact e4m3 terms per item), V alone converted (shipped:
 // 1.18-1.26x the conversion of both on an H200); false: K and V converted (TUNING.md, FP8: the
-// split).
+// split); kFp8F16Pv (the Hopper kernel, bf16 q): P V in float16, V converted with the hardware
+// cvt e4m3x2 -> f16x2 (one instruction a pair) and P packed as f16 (11 significant bits, bf16's
+// 8; P <= 1 and |V| <= 448 fit), the output still bf16; false: V and P in bf16 (TUNING.md, FP8:
+// P V in float16).
 template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
-          bool kFp8SplitQ_ = false>
+          bool kFp8SplitQ_ = false, bool kFp8F16Pv_ = false>
 struct BuildKnobs {
   using CausalTiles = Causal;
   using FullTiles = Full;
   using PagedTiles = Paged;
   static constexpr bool kFp8Bf16Bits = kFp8Bf16Bits_;
   static constexpr bool kFp8SplitQ = kFp8SplitQ_;
+  static constexpr bool kFp8F16Pv = kFp8F16Pv_;
 };
 
+// Every flag named: a template default flipped alone does not change the shipped build.
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true, true>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true, true, true>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

@@ -84,6 +84,17 @@ struct LoaderSplitsQ : std::false_type {};
 template <typename L>
 struct LoaderSplitsQ<L, std::void_t<decltype(L::kSplitQ)>> : std::bool_constant<L::kSplitQ> {};
 
+// The element type of a TileLoader's V tiles and so of P V's operands (PvElement; the FP8
+// loader's under Knobs::kFp8F16Pv), else q's.
+template <typename L, typename T, typename = void>
+struct LoaderPvElement {
+  using type = T;
+};
+template <typename L, typename T>
+struct LoaderPvElement<L, T, std::void_t<typename L::PvElement>> {
+  using type = typename L::PvElement;
+};
+
 template <typename L, typename = void>
 struct LoaderUsesOutputBuffer : std::false_type {};
 template <typename L>
@@ -256,12 +267,13 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
 
   // ---- Consumer warpgroups.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tiles::kConsumerRegisters));
-  using Ops = ElementOps<T>;
+  using Pv = typename LoaderPvElement<Loader, T>::type;  // P's packing, V's tiles
+  using Ops = ElementOps<Pv>;
   using WgmmaS = WgmmaSS<T, kBlockN>;
   constexpr bool kSplitQ = LoaderSplitsQ<Loader>::value;
   static_assert(!kSplitQ || (kBlockN == 128 && kFoldScale),
                 "the e4m3 Q K^T: 128-key tiles (m64n128k32), the scale folded per row");
-  using WgmmaPV = WgmmaRS<T>;
+  using WgmmaPV = WgmmaRS<Pv>;
   constexpr int kSB = kBlockN / 8;   // n8 blocks of a score tile
   constexpr int kPK = kBlockN / 16;  // k16 steps of P V
   const int ctid = tid - 128;        // 0 .. 255

@@ -75,6 +75,14 @@ __host__ __device__ inline uint32_t fp8_pair_bf16_scaled(uint32_t fp8, int i) {
   return (prmt_sign(fp8, fp8_pair_selector(i)) << 4) & kFp8Bf16Mask;
 }
 
+// Whether this device pass has the hardware cvt e4m3x2 -> f16x2 (sm_89 on; the portable
+// kernel's sm_80 build takes cuda_fp8.h's emulation).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kHasFp8Cvt = true;
+#else
+constexpr bool kHasFp8Cvt = false;
+#endif
+
 // Four e4m3 values (the bytes of `fp8`, element 0 lowest) as two packed pairs of T.
 template <typename T>
 __device__ __forceinline__ void fp8x4_to(uint32_t fp8, uint32_t& lo, uint32_t& hi) {
@@ -90,6 +98,12 @@ __device__ __forceinline__ void fp8x4_to(uint32_t fp8, uint32_t& lo, uint32_t& h
     }
     lo = pair[0];
     hi = pair[1];
+  } else if constexpr (std::is_same_v<T, __half> && kHasFp8Cvt) {
+    // The word's two 16-bit halves straight into the cvt (no shift for the upper pair).
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\n"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(fp8));
   } else {
     uint32_t pair[2];
 #pragma unroll
@@ -97,8 +111,8 @@ __device__ __forceinline__ void fp8x4_to(uint32_t fp8, uint32_t& lo, uint32_t& h
       const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
           static_cast<__nv_fp8x2_storage_t>(fp8 >> (16 * i)), __NV_E4M3);
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(
-            __half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
+        const __nv_bfloat162 v = __floats2bfloat162_rn(__half2float(__ushort_as_half(h.x)),
+                                                       __half2float(__ushort_as_half(h.y)));
         pair[i] = *reinterpret_cast<const uint32_t*>(&v);
       } else {
         pair[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
@@ -149,6 +163,10 @@ struct Fp8Smem {
 // loader (kSplitQ) and the host's K map (swizzled) both ask here.
 template <typename T>
 constexpr bool kFp8SplitsQ = Knobs::kFp8SplitQ && std::is_same_v<T, __nv_bfloat16>;
+// The type of the P V product's operands (V converted, P packed): float16 under
+// Knobs::kFp8F16Pv (the hardware cvt, one instruction a pair), else q's.
+template <typename T>
+using Fp8PvElement = std::conditional_t<Knobs::kFp8F16Pv, __half, T>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -176,6 +194,7 @@ struct PageFp8Loader {
   static constexpr bool kZeroesVTail = false;         // converted as zeros
   static constexpr bool kUsesOutputBuffer = true;     // staging buffer 0: O goes out directly
   static constexpr bool kKAhead = false;              // its staging converts K and V in turn
+  using PvElement = Fp8PvElement<T>;                  // V's converted tiles, P's packing
 
   // All 128 threads work: 40 registers each (the most that the consumers' 232 leave).
   template <typename Tiles>
@@ -317,7 +336,7 @@ struct PageFp8Loader {
     }
     const uint32_t b = count % 2;
     mbarrier_wait(smem_base() + Fp8Smem::kStagedK + 8 * b, (count / 2) & 1);
-    convert<Tiles, false>(smem_base() + Fp8Smem::buffer(b), dst, 0);
+    convert<Tiles, false, T>(smem_base() + Fp8Smem::buffer(b), dst, 0);
     fence_proxy_async();  // generic writes -> the wgmma's (async proxy) reads
     mbarrier_arrive(full);
   }
@@ -326,7 +345,7 @@ struct PageFp8Loader {
                                          const WorkItem& w) {
     const uint32_t base = smem_base(), b = count % 2;
     mbarrier_wait(base + Fp8Smem::kStagedV + 8 * b, (count / 2) & 1);
-    convert<Tiles, true>(base + Fp8Smem::buffer(b) + kFp8TileBytes, dst, rows);
+    convert<Tiles, true, PvElement>(base + Fp8Smem::buffer(b) + kFp8TileBytes, dst, rows);
     mbarrier_arrive(base + Fp8Smem::kConsumed + 8 * b);  // the staged tile is read
     if (thread() == 0) {
       // The item's flag (every tile staged by the last one), released by the arrival.
@@ -417,9 +436,9 @@ struct PageFp8Loader {
     named_barrier_sync(1 + warpgroup, 128);  // every term written before the first Q K^T
   }
 
-  // The staged tile at src converted into the 16-bit tile at dst; kV: rows from valid_rows on
-  // are zeros (K rows past the sequence are masked by the consumers).
-  template <typename Tiles, bool kV>
+  // The staged tile at src converted into the 16-bit tile of U at dst; kV: rows from valid_rows
+  // on are zeros (K rows past the sequence are masked by the consumers).
+  template <typename Tiles, bool kV, typename U>
   __device__ __forceinline__ void convert(uint32_t src, uint32_t dst, int valid_rows) const {
     const int c16 = thread() % 8, row0 = thread() / 8, j0 = c16 / 4;
     // Rows row0 + 16 i: the same swizzle phase (row % 8), 2 KiB apart in both tiles.
@@ -427,18 +446,19 @@ struct PageFp8Loader {
     const uint32_t to0 = dst + fp8_converted_offset(row0, c16, j0, Tiles::kKvHalfBytes);
     const uint32_t to1 = dst + fp8_converted_offset(row0, c16, j0 ^ 1, Tiles::kKvHalfBytes);
     // kRowsInFlight rows' loads are issued before the first conversion (their latency overlaps).
-    constexpr int kRowsInFlight = std::is_same_v<T, __nv_bfloat16> ? 2 : 1;  // fp16: spills at 2
+    constexpr int kRowsInFlight = std::is_same_v<U, __nv_bfloat16> ? 2 : 1;  // fp16: spills at 2
 #pragma unroll
     for (int g = 0; g < Tiles::kBlockN / 16; g += kRowsInFlight) {
       uint4 in[kRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kRowsInFlight; ++k) {
         in[k] = {0u, 0u, 0u, 0u};
-        if (!kV || row0 + 16 * (g + k) < valid_rows) {
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "+r"(in[k].x), "+r"(in[k].y), "+r"(in[k].z), "+r"(in[k].w)
-                       : "r"(from + (g + k) * 16 * kFp8RowBytes));
-        }
+        // A predicated load (no branch around it): zeros past the sequence.
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+                     "@p ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+                     : "+r"(in[k].x), "+r"(in[k].y), "+r"(in[k].z), "+r"(in[k].w)
+                     : "r"(from + (g + k) * 16 * kFp8RowBytes),
+                       "r"(int(!kV || row0 + 16 * (g + k) < valid_rows)));
       }
 #pragma unroll
       for (int k = 0; k < kRowsInFlight; ++k) {
@@ -447,13 +467,13 @@ struct PageFp8Loader {
         const uint32_t a0 = j0 ? in[k].z : in[k].x, a1 = j0 ? in[k].w : in[k].y;
         const uint32_t b0 = j0 ? in[k].x : in[k].z, b1 = j0 ? in[k].y : in[k].w;
         uint4 out;
-        fp8x4_to<T>(a0, out.x, out.y);
-        fp8x4_to<T>(a1, out.z, out.w);
+        fp8x4_to<U>(a0, out.x, out.y);
+        fp8x4_to<U>(a1, out.z, out.w);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to0 + i * 16 * 128),
                      "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
                      : "memory");
-        fp8x4_to<T>(b0, out.x, out.y);
-        fp8x4_to<T>(b1, out.z, out.w);
+        fp8x4_to<U>(b0, out.x, out.y);
+        fp8x4_to<U>(b1, out.z, out.w);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(to1 + i * 16 * 128),
                      "r"(out.x), "r"(out.y), "r"(out.z), "r"(out.w)
                      : "memory");

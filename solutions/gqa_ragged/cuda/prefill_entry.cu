@@ -266,7 +266,8 @@ tvm::ffi::String built_knobs() {
          ", \"full\": " + knobs_json<Knobs::FullTiles>() +
          ", \"paged\": " + knobs_json<Knobs::PagedTiles>() +
          ", \"fp8_bf16_bits\": " + (Knobs::kFp8Bf16Bits ? "true" : "false") +
-         ", \"fp8_split_q\": " + (Knobs::kFp8SplitQ ? "true" : "false") + "}";
+         ", \"fp8_split_q\": " + (Knobs::kFp8SplitQ ? "true" : "false") +
+         ", \"fp8_f16_pv\": " + (Knobs::kFp8F16Pv ? "true" : "false") + "}";
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);

@@ -44,6 +44,11 @@ in two terms of 4; values under 1/4 once scaled within 2^-10), written into Q_hi
 (e4m3 [128, 128], 16 KB each); Q K^T is two e4m3 wgmmas into the same accumulator and the
 softmax takes scale x 2^-e per row. Shared memory 192 KB (ring 96 KB, Q 32 KB, V8 32 KB, Q_hi
 and Q_lo 32 KB).
+
+Knob fp8_f16_pv (with fp8_split_q; on in the shipped causal config): P V in float16. V's ring
+slots are float16, converted by the hardware cvt.rn.f16x2.e4m3x2 (FP8_TO_F16: one a pair, the
+bit-level bf16 conversion's four), and P is rounded to float16 (11 significant bits, bf16's 8;
+P <= 1, |V| <= 448); the output stays bfloat16.
 """
 
 import math
@@ -105,6 +110,34 @@ __device__ __forceinline__ void tl_e4m3x8_to_bf16x8_x{GROUP}({SOURCES}, {DESTINA
 """
 
 
+# e4m3 -> float16, 8 values (fp8_f16_pv): two cvt.rn.f16x2.e4m3x2 a word, on its two halves.
+# GROUP steps a call in two halves of loads, then stores: all eight loads first spilled a
+# 64-bit pointer (8 bytes) in the 72-register producer.
+F16_STEPS = "\n".join(
+    line
+    for half in (range(GROUP // 2), range(GROUP // 2, GROUP))
+    for line in [LOADS.splitlines()[u] for u in half]
+    + [f"  tl_e4m3x8_store_f16x8(a{u}, d{u});" for u in half]
+)
+FP8_TO_F16 = f"""
+__device__ __forceinline__ void tl_e4m3x4_f16x4(unsigned int x, unsigned int& lo,
+                                                unsigned int& hi) {{
+  asm("{{\\n.reg .b16 a, b;\\nmov.b32 {{a, b}}, %2;\\n"
+      "cvt.rn.f16x2.e4m3x2 %0, a;\\ncvt.rn.f16x2.e4m3x2 %1, b;\\n}}\\n"
+      : "=r"(lo), "=r"(hi) : "r"(x));
+}}
+__device__ __forceinline__ void tl_e4m3x8_store_f16x8(uint2 in, void* dst) {{
+  uint4 out;
+  tl_e4m3x4_f16x4(in.x, out.x, out.y);
+  tl_e4m3x4_f16x4(in.y, out.z, out.w);
+  *reinterpret_cast<uint4*>(dst) = out;
+}}
+__device__ __forceinline__ void tl_e4m3x8_to_f16x8_x{GROUP}({SOURCES}, {DESTINATIONS}) {{
+{F16_STEPS}
+}}
+"""
+
+
 def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
     """Whether knob fp8_split_q changes the program: FP8 caches, bfloat16 q (float16's 11 bits
     do not fit two e4m3 terms), unpacked and unsplit (the decode-like programs keep the
@@ -112,11 +145,12 @@ def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
     return cache_dtype == FP8_E4M3 and dtype == "bfloat16" and not split and not pack
 
 
-def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNamespace:
+def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False, f16_pv=False):
     """The FP8 source: the 16-bit page-size-64 source (source, helpers: gqa_prefill_kv's) with
     its own kernel arguments, scratch and producer loads. split_q (knob fp8_split_q, bfloat16
     q: split_q_applies): K goes by TMA straight into an e4m3 ring and the consumers split Q in
-    two e4m3 terms (SplitQ); only V is staged and converted."""
+    two e4m3 terms (SplitQ); only V is staged and converted. f16_pv (knob fp8_f16_pv, with
+    split_q): V converted to float16 (FP8_TO_F16) and P V in float16."""
     assert cache_dtype == FP8_E4M3, "FP8 caches are float8_e4m3fn"
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     page_size, pages_per_tile = source.page_size, helpers.pages_per_tile
@@ -124,6 +158,8 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
     page_id = helpers.page_id
     bits = dtype == "bfloat16"  # the bit-level conversion (float16: the cvt)
     assert not split_q or bits, "fp8_split_q: bfloat16 q"
+    assert not f16_pv or split_q, "fp8_f16_pv: with fp8_split_q"
+    v_dtype = "float16" if f16_pv else dtype  # V's ring slots, P V's operands
 
     def kernel(body):
         """The page-size-64 arguments (gqa_prefill_kv.paged_kv), k_cache and v_cache FP8, and
@@ -213,13 +249,14 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
                 StageTile(kv, scratch, 1, ring + 1, kv_start, seq_kv, kv_head)
 
     @T.macro
-    def Convert(staged, b, shared, stage):
+    def Convert(staged, b, shared, stage, to_dtype):
         """staged[b] into the ring slot shared[stage], the whole tile: a thread converts 8
         consecutive values a step (an 8-byte shared load, a 16-byte store into the swizzled
         slot), GROUP steps a call (their loads first). A warp reads two contiguous 128-byte
         rows, each quarter warp stores 8 distinct 16-byte chunks of one swizzled row: no bank
-        conflict either way."""
-        if bits:
+        conflict either way. to_dtype: the slot's (float16 by the cvt, bfloat16 by the bits)."""
+        if to_dtype == "bfloat16" or f16_pv:  # the prelude's grouped conversions
+            convert = "bf16" if to_dtype == "bfloat16" else "f16"
             lane = T.get_thread_binding() % LOADER_THREADS
             steps = block_N * HEAD_DIM // (VECTOR * LOADER_THREADS)
             assert steps % GROUP == 0, f"{steps} conversion steps in groups of {GROUP}"
@@ -231,13 +268,13 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
                     for u in range(GROUP)
                 ]  # fmt: skip
                 T.call_extern(
-                    "handle", f"tl_e4m3x8_to_bf16x8_x{GROUP}",
+                    "handle", f"tl_e4m3x8_to_{convert}x8_x{GROUP}",
                     *[T.address_of(staged[b, r, c]) for r in rows],
                     *[T.address_of(shared[stage, r, c]) for r in rows],
                 )  # fmt: skip
         else:
             for r, c in T.Parallel(block_N, HEAD_DIM):
-                shared[stage, r, c] = T.Cast(dtype, staged[b, r, c])
+                shared[stage, r, c] = T.Cast(to_dtype, staged[b, r, c])
 
     @T.macro
     def GatherV(kv, V_shared, stage, pages, k, seq_kv, kv_head):
@@ -254,10 +291,9 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
                 for i in T.unroll(page_size // GATHER_ROWS, annotations=ROLLED):
                     for r, c in T.Parallel(GATHER_ROWS, HEAD_DIM):
                         slot = i * GATHER_ROWS + r
+                        value = kv[1][clamp(pages[p]), slot, kv_head % NUM_KV_HEADS, c]
                         V_shared[stage, p * page_size + slot, c] = T.if_then_else(
-                            slot < keys,
-                            T.Cast(dtype, kv[1][clamp(pages[p]), slot, kv_head % NUM_KV_HEADS, c]),
-                            T.Cast(dtype, 0),
+                            slot < keys, T.Cast(v_dtype, value), T.Cast(v_dtype, 0)
                         )  # fmt: skip
 
     @T.macro
@@ -289,12 +325,12 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
         else:
             T.mbarrier_wait_parity(k8_full[b], staged)
             T.mbarrier_wait_parity(k_empty[stage], phase)
-            Convert(K8, b, K_shared, stage)
+            Convert(K8, b, K_shared, stage, dtype)
             T.fence_proxy_async()  # the generic proxy's writes, before wgmma reads them
             T.mbarrier_arrive(k_full[stage])
         T.mbarrier_wait_parity(v8_full[b], staged)
         T.mbarrier_wait_parity(v_empty[stage], phase)
-        Convert(V8, b, V_shared, stage)
+        Convert(V8, b, V_shared, stage, v_dtype)
         T.mbarrier_arrive(consumed[b])  # K8[b] and V8[b] are read
         if ~helpers.tile_is_whole(kv, pages, k, seq_kv):
             GatherV(kv, V_shared, stage, pages, k, seq_kv, kv_head)
@@ -344,12 +380,13 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False) -> SimpleNam
     # e4m3 buffers (the program allocates them) for two e4m3 Q K^T.
     fp8.split_q = split_q
     fp8.k_ring_dtype = cache_dtype if split_q else dtype
+    fp8.v_ring_dtype = v_dtype
     fp8.SplitQ = SplitQ
     fp8.StartItem = StartItem
     fp8.loader_warps = LOADER_THREADS // 32
     # The consumers store the output from registers: the output buffer's room stages a tile.
     fp8.output_buffer = False
-    fp8.prelude = FP8_TO_BF16 if bits else None
+    fp8.prelude = (FP8_TO_BF16 + (FP8_TO_F16 if f16_pv else "")) if bits else None
     # setmaxnreg within the launch's 168 a thread: 72 + 2 x 216 = 504 = 3 x 168 (64 / 224 asked
     # 512: the consumers' setmaxnreg.inc never returned, the kernel hung). 0 spills both dtypes.
     fp8.producer_regs, fp8.consumer_regs = 72, 216

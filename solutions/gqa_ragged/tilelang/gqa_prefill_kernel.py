@@ -80,12 +80,14 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     turns (pingpong: +1-3% on causal padded and ragged batches; the window, paged and FP8
     programs lost up to 10% with it: TUNING.md, "An item's transitions"). fp8_split_q: over FP8
     caches with bfloat16 q, Q K^T as two e4m3 wgmmas on the cache's K (+7-17% on an H200,
-    TUNING.md, FP8); the programs it does not apply to ignore it (split_q_applies)."""
+    TUNING.md, FP8); the programs it does not apply to ignore it (split_q_applies).
+    fp8_f16_pv: with fp8_split_q, P V in float16 (V converted by the hardware cvt, one a pair:
+    TUNING.md, FP8)."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
         return dict(
             block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous,
-            fp8_split_q=True,
+            fp8_split_q=True, fp8_f16_pv=True,
         )  # fmt: skip
     return dict(block_M=128, block_N=176, num_stages=2, ws=True)
 
@@ -115,6 +117,7 @@ def gqa_prefill(
     split: bool = False,
     pack: bool = False,
     fp8_split_q: bool = False,
+    fp8_f16_pv: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -150,6 +153,8 @@ def gqa_prefill(
     fp8_split_q (a knob, on in the causal block_config: TUNING.md, FP8): over FP8 caches with
     bfloat16 q, unpacked and unsplit, Q K^T as two e4m3 wgmmas on the cache's K (Q split in
     two e4m3 terms, K not converted; gqa_prefill_fp8); every other program ignores it.
+    fp8_f16_pv (a knob, on in the causal block_config): where fp8_split_q applies, V's ring and
+    P in float16, V converted by the hardware cvt (gqa_prefill_fp8).
 
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.
@@ -166,7 +171,7 @@ def gqa_prefill(
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
-        fp8_split_q,
+        fp8_split_q, fp8_f16_pv,
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:

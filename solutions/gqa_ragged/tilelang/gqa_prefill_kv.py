@@ -77,18 +77,18 @@ __device__ __forceinline__ int tl_page_window(const int* ids, int first, int cou
 TMA_BOX_COLS = 64  # a 128-byte swizzled box row: the ring's layout takes head_dim in two boxes
 
 
-def build_kv(page_size, dims, cache_dtype=None, split_q=False) -> SimpleNamespace:
+def build_kv(page_size, dims, cache_dtype=None, split_q=False, f16_pv=False) -> SimpleNamespace:
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
     dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
     the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8); split_q: FP8's
-    e4m3 Q K^T (gqa_prefill_fp8.split_q_applies)."""
+    e4m3 Q K^T (gqa_prefill_fp8.split_q_applies); f16_pv: its P V in float16."""
     if page_size is None:
         assert cache_dtype is None, "FP8 caches are paged"
         return ragged_kv(dims)
-    return paged_kv(dims, page_size, cache_dtype, split_q)
+    return paged_kv(dims, page_size, cache_dtype, split_q, f16_pv)
 
 
-def paged_kv(dims, page_size: int, cache_dtype=None, split_q=False) -> SimpleNamespace:
+def paged_kv(dims, page_size: int, cache_dtype=None, split_q=False, f16_pv=False):
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"
@@ -530,4 +530,4 @@ def paged_kv(dims, page_size: int, cache_dtype=None, split_q=False) -> SimpleNam
         in_cache=in_cache, clamp=clamp, page_id=page_id, pages_per_tile=pages_per_tile,
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
     )  # fmt: skip
-    return fp8_paged_kv(dims, source, helpers, cache_dtype, split_q)
+    return fp8_paged_kv(dims, source, helpers, cache_dtype, split_q, f16_pv)

@@ -68,6 +68,7 @@ def build_steps(
     split: bool = False,
     pack: bool = False,
     fp8_split_q: bool = False,
+    fp8_f16_pv: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -86,7 +87,8 @@ def build_steps(
     cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
     scaling the output in the epilogue. fp8_split_q (FP8 caches, bfloat16 q, unpacked,
     unsplit; ignored elsewhere: gqa_prefill_fp8.split_q_applies): Q K^T in e4m3 on the cache's
-    K, Q split in two e4m3 terms by the consumers, a per-row softmax scale.
+    K, Q split in two e4m3 terms by the consumers, a per-row softmax scale. fp8_f16_pv (where
+    fp8_split_q applies): V's ring and P in float16 (kv.v_ring_dtype).
 
     split (causal, paged): split-KV. Output and LSE are fp32 workspaces of shares * total_q
     rows (the symbolic out_rows; share s writes rows s * total_q ...), each share's normalised
@@ -124,7 +126,7 @@ def build_steps(
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
     split_q = fp8_split_q and split_q_applies(dtype, cache_dtype, split, pack)
-    kv_source = build_kv(page_size, dims, cache_dtype, split_q)
+    kv_source = build_kv(page_size, dims, cache_dtype, split_q, split_q and fp8_f16_pv)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)
 

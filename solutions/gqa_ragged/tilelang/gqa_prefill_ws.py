@@ -341,7 +341,9 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             K_shared = T.alloc_shared(
                 [num_stages, block_N, HEAD_DIM], getattr(kv_source, "k_ring_dtype", dtype)
             )  # fmt: skip
-            V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], dtype)
+            # P V's operands: q's dtype, or the K/V source's (FP8's fp8_f16_pv: float16).
+            pv_dtype = getattr(kv_source, "v_ring_dtype", dtype)
+            V_shared = T.alloc_shared([num_stages, block_N, HEAD_DIM], pv_dtype)
             # Persistent: the output gets its own buffer, so the next item's Q can load while
             # this one's output is stored. One item per block: it reuses Q's (as FA3 does).
             # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
@@ -357,7 +359,7 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                     # is swizzled already (a wgmma operand).
                     T.annotate_layout({O_shared: make_swizzled_layout(O_shared)})
             acc_s = T.alloc_fragment([block_M, block_N], accum_dtype)
-            acc_s_cast = T.alloc_fragment([block_M, block_N], dtype)
+            acc_s_cast = T.alloc_fragment([block_M, block_N], pv_dtype)
             acc_o = T.alloc_fragment([block_M, HEAD_DIM], accum_dtype)
             scores_max = T.alloc_fragment([block_M], accum_dtype)
             scores_max_prev = T.alloc_fragment([block_M], accum_dtype)

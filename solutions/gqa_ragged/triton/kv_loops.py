@@ -51,11 +51,13 @@ def _scores(q, q_lo, k, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def _load_v_tile(ptrs, in_seq, q, q_lo, MASKED: tl.constexpr, INTERPRETED: tl.constexpr):
-    """A V tile in q's dtype, bf16 when q is split (q_lo not None: split_q_fp8 is bf16's)."""
+    """A V tile in q's dtype; float16 when q is split (q_lo not None: an FP8 cache under bf16
+    q): e4m3 -> f16 is one hardware cvt a pair (the bit-level bf16 conversion takes four), and
+    P V then runs in f16 (P <= 1 keeps 11 significant bits, bf16's 8; |V| <= 448)."""
     if q_lo is None:
         v = _load_kv_tile(ptrs, in_seq, q.dtype, MASKED, INTERPRETED)
     else:
-        v = _load_kv_tile(ptrs, in_seq, tl.bfloat16, MASKED, INTERPRETED)
+        v = _load_kv_tile(ptrs, in_seq, tl.float16, MASKED, INTERPRETED)
     return v
 
 
@@ -250,7 +252,8 @@ def attend_kv_tiles(
     sees completely and that lie inside the sequence: those skip the bounds and causal masks.
     PAGE_SIZE > 0: k_seq and v_seq are paged caches at the KV head, pages the sequence's page
     ids (paged_kv.py). q_lo (None, or an FP8 cache's q split in two: split_q_fp8): q is q_hi,
-    qk_scale the rows' scales, K stays e4m3 for the products and V is converted to bf16.
+    qk_scale the rows' scales, K stays e4m3 for the products and V is converted to float16
+    (_load_v_tile).
     """
     key_offsets = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)[None, :]

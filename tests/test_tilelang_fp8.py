@@ -53,7 +53,7 @@ _compiled = {}
 def compiled(dtype: str = "bfloat16"):
     """(device source, host source, ptxas report) of the FP8 variant that converts K and V: the
     shipped float16 one, and bfloat16's with knob fp8_split_q off (section 1b: the shipped
-    bfloat16 program splits q instead of converting K)."""
+    bfloat16 program splits q instead of converting K; fp8_f16_pv on: V to float16)."""
     if dtype not in _compiled:
         kernels = tilelang_kernels()
         config = {**kernels.block_config(dtype, True, False), "fp8_split_q": False}
@@ -76,9 +76,10 @@ def fp8_module():
 
 def test_fp8_loads_pages_by_tma_and_converts():
     source, host, _ = compiled()
-    # Q K^T and P V on the 16-bit ring, as the bfloat16 paged kernel.
+    # Q K^T on the bf16 ring as the bfloat16 paged kernel; P V in float16 (fp8_f16_pv).
     assert "tl::wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
-    assert "tl::wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16" in source
+    assert "tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16" in source
+    assert "tl::wgmma_rs<tl::DataType::kBFloat16" not in source
     # One TMA box per page (64 slots x 128 FP8 bytes = 8192 bytes, all of head_dim: column 0,
     # slot 0, the KV head, the page id) into staging buffer b of two (16384 bytes a tile), on
     # that buffer's barrier: at the item's start for tiles 0 and 1, then for tile k + 2 (the
@@ -101,9 +102,9 @@ def test_fp8_loads_pages_by_tma_and_converts():
     assert "consumed[0].init(128);" in source and "consumed[1].init(128);" in source
     assert "__sync_thread_partial(11," not in source  # no named barrier a tile of its own
     # The conversion: 8 FP8 values per thread and step (an 8-byte shared load), bit-level for
-    # bfloat16, one 16-byte store into the swizzled ring slot; 8 steps a call, their 8 loads
-    # before the first store (one call site a tile, K and V: 2 calls a thread each); fenced for
-    # wgmma's async proxy.
+    # K to bfloat16, the cvt for V to float16 (fp8_f16_pv), one 16-byte store into the swizzled
+    # ring slot; 8 steps a call, K's 8 loads before the first store (one call site a tile, K
+    # and V: 2 calls a thread each); fenced for wgmma's async proxy.
     assert "prmt.b32" in source and "mul.rn.bf16x2" in source
     assert source.count("tl_e4m3x8_to_bf16x8_x8((&(((fp8_e4_t*)K8)[") == 1
     assert source.count("tl_e4m3x8_to_f16x8_x8((&(((fp8_e4_t*)V8)[") == 1  # fp8_f16_pv
@@ -112,7 +113,7 @@ def test_fp8_loads_pages_by_tma_and_converts():
     prelude = prelude[: prelude.index("\n}\n")]
     loads = [prelude.index(f"const uint2 a{u} = ") for u in range(8)]
     assert max(loads) < prelude.index("tl_e4m3x8_store_bf16x8(a0, d0);")
-    assert source.count("__tl_cvt_e4m3x2_to_bfloat162(") == 4  # the gathered V pages only
+    assert source.count("__tl_cvt_fp8x2_to_half2(") == 4  # the gathered V pages only
     conversion = source[
         source.index("k8_full[(g & 1)].wait(") : source.index("v_full[(g & 1)].arrive()")
     ]  # fmt: skip
@@ -236,6 +237,7 @@ def test_fp8_split_q_is_on_in_the_shipped_fp8_config():
     kernels = tilelang_kernels()
     assert all(kernels.block_config(d, True, False)[SPLIT_Q] is True for d in FP8_DTYPES)
     assert not kernels.pack_config().get(SPLIT_Q, False)
+    assert kernels.pack_config()["fp8_f16_pv"] is True  # P V in float16 there too
 
 
 FP8_DTYPES = ("bfloat16", "float16")
@@ -266,8 +268,8 @@ def test_fp8_split_q_applies_to_the_unpacked_bfloat16_program_only(
     assert getattr(steps.kv, "split_q", False) == applies
     if fp8:
         assert steps.kv.k_ring_dtype == (kernels.FP8_E4M3 if applies else dtype)
-        # fp8_f16_pv goes with the split: P V in float16 there only.
-        assert steps.kv.v_ring_dtype == ("float16" if applies else dtype)
+        # fp8_f16_pv: P V in float16 in every bfloat16 FP8 program, split, packed or not.
+        assert steps.kv.v_ring_dtype == ("float16" if dtype == "bfloat16" else dtype)
 
 
 def test_fp8_split_q_runs_q_kt_in_e4m3_without_converting_k():

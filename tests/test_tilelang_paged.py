@@ -222,6 +222,9 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     else:
         assert "tl_page_window" not in source
     assert "tl::warpgroup_reg_dealloc<%d>" % (96 if fp8 else 72 if page_size == 1 else 56) in source
+    # FP8 (bfloat16 q): P V in float16 (fp8_f16_pv in pack_config), V by the prelude's cvt.
+    assert ("tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16" in source) == fp8
+    assert ("tl_e4m3x8_to_f16x8_x8((" in source) == fp8
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 

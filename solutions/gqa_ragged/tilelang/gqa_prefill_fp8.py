@@ -45,10 +45,10 @@ in two terms of 4; values under 1/4 once scaled within 2^-10), written into Q_hi
 softmax takes scale x 2^-e per row. Shared memory 192 KB (ring 96 KB, Q 32 KB, V8 32 KB, Q_hi
 and Q_lo 32 KB).
 
-Knob fp8_f16_pv (with fp8_split_q; on in the shipped causal config): P V in float16. V's ring
-slots are float16, converted by the hardware cvt.rn.f16x2.e4m3x2 (FP8_TO_F16: one a pair, the
-bit-level bf16 conversion's four), and P is rounded to float16 (11 significant bits, bf16's 8;
-P <= 1, |V| <= 448); the output stays bfloat16.
+Knob fp8_f16_pv (bfloat16 q, every FP8 program: f16_pv_applies; on in the shipped configs):
+P V in float16. V's ring slots are float16, converted by the hardware cvt.rn.f16x2.e4m3x2
+(FP8_TO_F16: one a pair, the bit-level bf16 conversion's four), and P is rounded to float16
+(11 significant bits, bf16's 8; P <= 1, |V| <= 448); the output stays bfloat16.
 """
 
 import math
@@ -138,6 +138,12 @@ __device__ __forceinline__ void tl_e4m3x8_to_f16x8_x{GROUP}({SOURCES}, {DESTINAT
 """
 
 
+def f16_pv_applies(dtype: str, cache_dtype) -> bool:
+    """Whether knob fp8_f16_pv changes the program: FP8 caches under bfloat16 q (float16 q's P V
+    is float16 already), split, packed or not."""
+    return cache_dtype == FP8_E4M3 and dtype == "bfloat16"
+
+
 def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
     """Whether knob fp8_split_q changes the program: FP8 caches, bfloat16 q (float16's 11 bits
     do not fit two e4m3 terms), unpacked and unsplit (the decode-like programs keep the
@@ -149,8 +155,8 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False, f16_pv=False
     """The FP8 source: the 16-bit page-size-64 source (source, helpers: gqa_prefill_kv's) with
     its own kernel arguments, scratch and producer loads. split_q (knob fp8_split_q, bfloat16
     q: split_q_applies): K goes by TMA straight into an e4m3 ring and the consumers split Q in
-    two e4m3 terms (SplitQ); only V is staged and converted. f16_pv (knob fp8_f16_pv, with
-    split_q): V converted to float16 (FP8_TO_F16) and P V in float16."""
+    two e4m3 terms (SplitQ); only V is staged and converted. f16_pv (knob fp8_f16_pv, bfloat16
+    q: f16_pv_applies): V converted to float16 (FP8_TO_F16) and P V in float16."""
     assert cache_dtype == FP8_E4M3, "FP8 caches are float8_e4m3fn"
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     page_size, pages_per_tile = source.page_size, helpers.pages_per_tile
@@ -158,7 +164,7 @@ def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False, f16_pv=False
     page_id = helpers.page_id
     bits = dtype == "bfloat16"  # the bit-level conversion (float16: the cvt)
     assert not split_q or bits, "fp8_split_q: bfloat16 q"
-    assert not f16_pv or split_q, "fp8_f16_pv: with fp8_split_q"
+    assert not f16_pv or bits, "fp8_f16_pv: bfloat16 q"
     v_dtype = "float16" if f16_pv else dtype  # V's ring slots, P V's operands
 
     def kernel(body):

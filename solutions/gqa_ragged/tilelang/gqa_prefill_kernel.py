@@ -81,8 +81,8 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     programs lost up to 10% with it: TUNING.md, "An item's transitions"). fp8_split_q: over FP8
     caches with bfloat16 q, Q K^T as two e4m3 wgmmas on the cache's K (+7-17% on an H200,
     TUNING.md, FP8); the programs it does not apply to ignore it (split_q_applies).
-    fp8_f16_pv: with fp8_split_q, P V in float16 (V converted by the hardware cvt, one a pair:
-    TUNING.md, FP8)."""
+    fp8_f16_pv: over FP8 caches with bfloat16 q, P V in float16 (V converted by the hardware
+    cvt, one a pair: TUNING.md, FP8)."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
         return dict(
@@ -95,8 +95,10 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
 def pack_config() -> dict:
     """GQA head packing's tiles: 64 rows (16 tokens x 4 query heads), one consumer warpgroup
     (a decode-like tile has 4-16 useful rows: a 128-row tile's second warpgroup would compute
-    padding only; TUNING.md, GQA head packing)."""
-    return dict(block_M=PACK_BLOCK_M, block_N=128, num_stages=2, ws=True, persistent=True)
+    padding only; TUNING.md, GQA head packing). fp8_f16_pv as in block_config."""
+    return dict(
+        block_M=PACK_BLOCK_M, block_N=128, num_stages=2, ws=True, persistent=True, fp8_f16_pv=True
+    )  # fmt: skip
 
 
 def gqa_prefill(
@@ -153,8 +155,9 @@ def gqa_prefill(
     fp8_split_q (a knob, on in the causal block_config: TUNING.md, FP8): over FP8 caches with
     bfloat16 q, unpacked and unsplit, Q K^T as two e4m3 wgmmas on the cache's K (Q split in
     two e4m3 terms, K not converted; gqa_prefill_fp8); every other program ignores it.
-    fp8_f16_pv (a knob, on in the causal block_config): where fp8_split_q applies, V's ring and
-    P in float16, V converted by the hardware cvt (gqa_prefill_fp8).
+    fp8_f16_pv (a knob, on in block_config and pack_config): over FP8 caches with bfloat16 q
+    (every such program: split, packed or not), V's ring and P in float16, V converted by the
+    hardware cvt (gqa_prefill_fp8).
 
     threads: derived from block_M when left out (one warpgroup per 64 query rows, at least one;
     ws adds the producer warpgroup); ws takes no other count.

@@ -1,7 +1,9 @@
 // K/V source policy PagedFp8Kv (gqa_paged_prefill_causal_fp8kv_h32_kv8_d128_ps64) and its two
 // kernels: PagedKv<64> (kv_paged.cuh: the same page table, sequence search, bad-id and malformed
 // last-page handling) over caches of float8_e4m3fn, converted on chip to q's dtype (exact: every
-// e4m3 value is a bf16 and an fp16 value) for the unchanged tensor-core products. The real K is
+// e4m3 value is a bf16 and an fp16 value) for the unchanged tensor-core products; on Hopper under
+// bf16 q, K stays e4m3 (Knobs::kFp8SplitQ) and V goes to fp16 for a float16 P V
+// (Knobs::kFp8F16Pv: PageFp8Loader::PvElement). The real K is
 // k_cache x k_scale (the host folds k_scale into the softmax scale), the real V v_cache x v_scale
 // (PageTable::v_scale, multiplied into O before the epilogue; lse does not see it).
 //

@@ -80,9 +80,14 @@ BF16_2_POW_120 = 0x7B80
 GROUP = 8  # conversion steps a call (tl_e4m3x8_to_bf16x8_x8): their loads in flight together
 SOURCES = ", ".join(f"const void* s{u}" for u in range(GROUP))
 DESTINATIONS = ", ".join(f"void* d{u}" for u in range(GROUP))
-LOADS = "\n".join(
-    f"  const uint2 a{u} = *reinterpret_cast<const uint2*>(s{u});" for u in range(GROUP)
-)
+
+
+def load_line(u: int) -> str:
+    """Step u's 8-byte shared load in the grouped conversions."""
+    return f"  const uint2 a{u} = *reinterpret_cast<const uint2*>(s{u});"
+
+
+LOADS = "\n".join(load_line(u) for u in range(GROUP))
 STORES = "\n".join(f"  tl_e4m3x8_store_bf16x8(a{u}, d{u});" for u in range(GROUP))
 FP8_TO_BF16 = f"""
 __device__ __forceinline__ unsigned int tl_e4m3x2_bf16x2(unsigned int x, unsigned int sel) {{
@@ -116,7 +121,7 @@ __device__ __forceinline__ void tl_e4m3x8_to_bf16x8_x{GROUP}({SOURCES}, {DESTINA
 F16_STEPS = "\n".join(
     line
     for half in (range(GROUP // 2), range(GROUP // 2, GROUP))
-    for line in [LOADS.splitlines()[u] for u in half]
+    for line in [load_line(u) for u in half]
     + [f"  tl_e4m3x8_store_f16x8(a{u}, d{u});" for u in half]
 )
 FP8_TO_F16 = f"""
@@ -148,10 +153,12 @@ def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
     """Whether knob fp8_split_q changes the program: FP8 caches, bfloat16 q (float16's 11 bits
     do not fit two e4m3 terms), unpacked and unsplit (the decode-like programs keep the
     conversion: their tiles are mostly padding rows, and Triton's split lost 7% there)."""
-    return cache_dtype == FP8_E4M3 and dtype == "bfloat16" and not split and not pack
+    return f16_pv_applies(dtype, cache_dtype) and not split and not pack
 
 
-def fp8_paged_kv(dims, source, helpers, cache_dtype, split_q=False, f16_pv=False):
+def fp8_paged_kv(
+    dims, source, helpers, cache_dtype, split_q=False, f16_pv=False
+) -> SimpleNamespace:
     """The FP8 source: the 16-bit page-size-64 source (source, helpers: gqa_prefill_kv's) with
     its own kernel arguments, scratch and producer loads. split_q (knob fp8_split_q, bfloat16
     q: split_q_applies): K goes by TMA straight into an e4m3 ring and the consumers split Q in

@@ -88,7 +88,9 @@ def build_kv(page_size, dims, cache_dtype=None, split_q=False, f16_pv=False) -> 
     return paged_kv(dims, page_size, cache_dtype, split_q, f16_pv)
 
 
-def paged_kv(dims, page_size: int, cache_dtype=None, split_q=False, f16_pv=False):
+def paged_kv(
+    dims, page_size: int, cache_dtype=None, split_q=False, f16_pv=False
+) -> SimpleNamespace:
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     assert page_size in (1, 64), "page size 64 (a TMA box per page) or 1 (a gather)"
     assert block_N % page_size == 0, "a tile holds whole pages"

@@ -46,6 +46,7 @@ PADDED = [
     PaddedCase(1, 16384, 16384, False),
     PaddedCase(1, 128, 128, True),
     PaddedCase(4, 512, 512, True),
+    PaddedCase(4, 512, 512, False),
     PaddedCase(4, 128, 2048, True),
 ]
 # Per definition: its FlashInfer baseline and its cases (the workloads' shapes).

@@ -88,9 +88,23 @@ VARIANTS = {
     "paged_3_stages": BuildKnobs(
         paged=replace(SHIPPED_PAGED, kv_stages=3, own_output_buffer=False)
     ),
+    # Non-causal with 192-key tiles (FlashInfer fa3's choice; 0 spills at 240 registers). H200,
+    # 2026-11-29 (16), kernel time vs FlashInfer, 176 (shipped) / 192: 1x16384 0.96 / 0.97 (-1%
+    # time, four rounds in two calls), 4x512 0.84 / 0.79 (three 192-key tiles do 9% more
+    # wgmma work than three of 176 for 512 keys). Not shipped: cuda/TUNING.md.
+    "full_block_n_192": BuildKnobs(full=replace(SHIPPED_FULL, block_n=192)),
+    # Non-causal with one CTA per item (shipped until 2026-11-29 (16), when the full family went
+    # persistent: +2-7% on 4x512, +0.2-0.6% on 1x16384; cuda/TUNING.md).
+    "full_one_cta_per_item": BuildKnobs(full=replace(SHIPPED_FULL, persistent=False)),
     # Non-causal with 128-key tiles, one CTA per item, then persistent (TUNING.md: 0.85, 0.81).
     "full_block_n_128": BuildKnobs(
-        full=replace(SHIPPED_FULL, block_n=128, producer_registers=32, consumer_registers=232)
+        full=replace(
+            SHIPPED_FULL,
+            block_n=128,
+            producer_registers=32,
+            consumer_registers=232,
+            persistent=False,
+        )
     ),
     "full_block_n_128_persistent": BuildKnobs(
         full=replace(

@@ -150,6 +150,29 @@ def test_persistent_output_buffer_takes_stmatrix_without_bank_conflicts():
         assert len(groups) == 8, (index, step, matrix, groups)
 
 
+def test_non_causal_program_is_persistent_with_its_output_in_q():
+    """128 x 176 tiles leave no room for an output buffer, so the persistent non-causal program
+    stages its output in Q's buffer (output_in_q): Q's buffer is released after the epilogue's
+    last read of it, behind a proxy fence (the next Q is a TMA write), not after the item's last
+    Q K^T as where the output has a buffer of its own (a Q landing there would overwrite rows
+    still being written out)."""
+    config = tilelang_kernels().block_config("float16", False)
+    assert config["persistent"] and config["output_in_q"]
+    source = compiled("float16", False)[0]
+    assert "AtomicAddRet((&(Scheduler[0])), 1)" in source  # items drawn from the counter
+    q_load = re.search(r"tl::tma_load\(Q_desc, q_full\[0\], \(&\(\(\(\w+\*\)(\w+)\)", source)
+    assert q_load and q_load.group(1) == "O_shared"  # Q lands in the staging buffer: one buffer
+    arrives = [m.start() for m in re.finditer(r"q_empty\[0\]\.arrive\(\);", source)]
+    assert len(arrives) == 1, arrives
+    before = source[: arrives[0]]
+    assert before.rstrip().endswith("tl::fence_proxy_async();")
+    assert before.rfind("*(uint4*)(Output + ") > before.rfind("ptx_stmatrix"), "after the stores"
+    # The causal program keeps its own buffer and releases Q after the last Q K^T.
+    causal = compiled("bfloat16", True)[0]
+    assert causal.count("q_empty[0].arrive();") == 1
+    assert causal.index("q_empty[0].arrive();") < causal.rindex("ptx_stmatrix")
+
+
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
 def test_compiles_without_register_spills(dtype, causal):
     """The consumer warpgroups run on 240 registers and the producer warp on 24 (setmaxnreg),
@@ -343,6 +366,7 @@ def cpu_form_of(config: dict) -> dict:
         config.update(overlap=True)
     config.pop("pingpong", None)
     config.pop("persistent", None)
+    config.pop("output_in_q", None)
     return config
 
 

@@ -64,10 +64,11 @@ struct KnobValues {
 // The shipped knobs (the measurements: TUNING.md). Causal: 128-key tiles, persistent, an output
 // buffer of its own; the producer keeps 32 registers (its ragged sequence search spills at 24).
 // Full: 176-key tiles (FA3's choice for head_dim 128), which need 240 registers per consumer
-// thread and leave no room for an output buffer; one CTA per item (all cost the same). Paged:
-// the causal knobs (the gather and FP8 loaders keep 40 producer registers).
+// thread and leave no room for an output buffer; persistent too (items cost the same, but a CTA
+// per item paid its setup and first loads each time: +2-7% on 4x512, TUNING.md). Paged: the
+// causal knobs (the gather and FP8 loaders keep 40 producer registers).
 constexpr KnobValues shipped_knobs(KernelFamily family) {
-  return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, false}
+  return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, true}
                                        : KnobValues{128, 2, 32, 232, true, true, true};
 }
 

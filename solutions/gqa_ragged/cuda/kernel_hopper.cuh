@@ -37,14 +37,14 @@ namespace gqa_prefill {
 //     memory, 16-byte coalesced stores).
 // setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
-// With the shipped knobs (hopper_knobs.cuh), causal kernels are persistent: the grid is one CTA per
+// With the shipped knobs (hopper_knobs.cuh), the kernels are persistent: the grid is one CTA per
 // SM, and the producer takes the next item with an atomic add on a per-stream counter (next_item),
 // items ordered heaviest first, so that SMs that drew short items take more. The last CTA to draw
 // past the end zeroes the counter, so the next launch on the stream finds it at 0 without a memset.
-// While the consumers finish an item, the producer already loads the next one's Q (causal tiles
-// stage the output in a buffer of their own) and K/V. Non-causal items all cost the same: one CTA
-// per item, with 176-key tiles (FA3's choice for head_dim 128), which leave no room for an output
-// buffer: the output is staged in Q's buffer.
+// While the consumers finish an item, the producer already loads the next one's K/V, and its Q
+// where the output has a buffer of its own (causal tiles). Non-causal tiles have 176 keys (FA3's
+// choice for head_dim 128), which leave no room for an output buffer: the output is staged in
+// Q's buffer, so the next item's Q waits for the epilogue.
 //
 // Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
 // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), 1024-byte aligned: what

@@ -138,6 +138,9 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, uint32_t
 #define GQA_WGMMA_D128 "{" GQA_REGS_0_63 "}"
 #define GQA_WGMMA_D176 "{" GQA_REGS_0_63 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
   "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
+#define GQA_WGMMA_D192 "{" GQA_REGS_0_63 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+  "%92, %93, %94, %95}"
 #define GQA_WGMMA_ACC128(d)                                                                \
   GQA_ACC4(d, 0), GQA_ACC4(d, 1), GQA_ACC4(d, 2), GQA_ACC4(d, 3), GQA_ACC4(d, 4),          \
       GQA_ACC4(d, 5), GQA_ACC4(d, 6), GQA_ACC4(d, 7), GQA_ACC4(d, 8), GQA_ACC4(d, 9),      \
@@ -146,6 +149,7 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, uint32_t
 #define GQA_WGMMA_ACC176(d)                                                                 \
   GQA_WGMMA_ACC128(d), GQA_ACC4(d, 16), GQA_ACC4(d, 17), GQA_ACC4(d, 18), GQA_ACC4(d, 19), \
       GQA_ACC4(d, 20), GQA_ACC4(d, 21)
+#define GQA_WGMMA_ACC192(d) GQA_WGMMA_ACC176(d), GQA_ACC4(d, 22), GQA_ACC4(d, 23)
 
 // A_OP, B_OP, P_OP: the operand numbers after the N / 2 accumulators.
 #define GQA_DEFINE_WGMMA_SS(T, PTX_TYPE, N, A_OP, B_OP, P_OP)                               \
@@ -193,14 +197,18 @@ GQA_DEFINE_WGMMA_SS(half, "f16", 128, 64, 65, 66)
 GQA_DEFINE_WGMMA_SS(half, "f16", 176, 88, 89, 90)
 GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, 65, 66)
 GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 176, 88, 89, 90)
+GQA_DEFINE_WGMMA_SS(half, "f16", 192, 96, 97, 98)
+GQA_DEFINE_WGMMA_SS(__nv_bfloat16, "bf16", 192, 96, 97, 98)
 GQA_DEFINE_WGMMA_RS(half, "f16")
 GQA_DEFINE_WGMMA_RS(__nv_bfloat16, "bf16")
 #undef GQA_DEFINE_WGMMA_SS
 #undef GQA_DEFINE_WGMMA_RS
 #undef GQA_WGMMA_ACC128
 #undef GQA_WGMMA_ACC176
+#undef GQA_WGMMA_ACC192
 #undef GQA_WGMMA_D128
 #undef GQA_WGMMA_D176
+#undef GQA_WGMMA_D192
 #undef GQA_REGS_0_63
 #undef GQA_ACC4
 

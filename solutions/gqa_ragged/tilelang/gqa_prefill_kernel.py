@@ -75,7 +75,8 @@ DEFAULT_NUM_SMS = 132
 def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     """Tile sizes and schedule per variant (measured with scripts/tune_tilelang.py: TUNING.md).
     Causal items are short, so each block's prologue and epilogue weigh: the causal kernel is
-    persistent (128 x 176 does not fit persistent: its output buffer would make 240 KB).
+    persistent. The non-causal one too, its output staged in Q's buffer (output_in_q: an output
+    buffer of its own would make 240 KB with 128 x 176 tiles).
     contiguous: K/V in ragged rows without a window. Only there do the causal warpgroups take
     turns (pingpong: +1-3% on causal padded and ragged batches; the window, paged and FP8
     programs lost up to 10% with it: TUNING.md, "An item's transitions"). fp8_split_q: over FP8
@@ -89,7 +90,7 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
             block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous,
             fp8_split_q=True, fp8_f16_pv=True,
         )  # fmt: skip
-    return dict(block_M=128, block_N=176, num_stages=2, ws=True)
+    return dict(block_M=128, block_N=176, num_stages=2, ws=True, persistent=True, output_in_q=True)
 
 
 def pack_config() -> dict:
@@ -120,6 +121,7 @@ def gqa_prefill(
     pack: bool = False,
     fp8_split_q: bool = False,
     fp8_f16_pv: bool = False,
+    output_in_q: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -171,6 +173,8 @@ def gqa_prefill(
     asynchronous wgmma (softmax of tile k while P V of tile k - 1 runs); pingpong adds FA3's
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
+    output_in_q (persistent ws): the output is staged in Q's buffer instead of one of its own
+    (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue.
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
@@ -180,7 +184,7 @@ def gqa_prefill(
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms)
+        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms, output_in_q)
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

@@ -28,7 +28,10 @@ def consumer_threads_of(block_M: int) -> int:
     return 128 * (block_M // 64)
 
 
-def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int):
+def gqa_prefill_ws(
+    steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int,
+    output_in_q: bool = False,
+):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
 
     Warpgroups 0 .. block_M // 64 - 1 consume (64 query rows each, as one 128-row wgmma tile);
@@ -51,7 +54,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     barriers run on across items, so the producer loads the next item's Q, K and V while the
     consumers finish the last P V and store the output (staged in its own shared buffer, so
     that Q's can refill early; FP8 caches: stored from registers, the buffer's room stages
-    K/V). Otherwise one block per item, and Scheduler is unused.
+    K/V; output_in_q: staged in Q's buffer, whose next Q then loads after the epilogue).
+    Otherwise one block per item, and Scheduler is unused.
     Why persistent and dynamic: TUNING.md.
 
     K and V come through the steps' K/V source (gqa_prefill_kv): the producer warp's TMA boxes
@@ -114,6 +118,12 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
     assert producer_regs * 128 + consumer_regs * consumer_threads <= launch_regs * threads, (
         f"register split {producer_regs} / {consumer_regs} over the block's {launch_regs}"
     )
+    # The output staged in Q's buffer by a block that runs more than one item: Q's buffer is
+    # released after the epilogue, not after the item's last Q K^T.
+    # (Split, packed and FP8 programs store from registers: no output buffer.)
+    stages_output = not (steps.split or steps.pack or not getattr(kv_source, "output_buffer", True))
+    q_holds_output = persistent and output_in_q and stages_output
+    assert not output_in_q or persistent, "output_in_q: for the persistent program"
     # split: a (slot, head)'s shares; pack: a head is a KV head
     num_items = steps.item_heads * num_slots * steps.shares
     grid = T.min(num_items, num_sms) if persistent else num_items
@@ -293,7 +303,8 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
                 Step(k, r, False, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         for k in T.serial(mask_from, loop_range):
             Step(k, r, True, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
-        T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
+        if not q_holds_output:
+            T.mbarrier_arrive(q_empty[0])  # every Q K^T of the item is done
 
         g_last = r + loop_range - 1
         last = g_last % num_stages
@@ -315,6 +326,11 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             acc_o, logsum, max_scaled, scores_scale, lse, O_shared, Output, LSE,
             q_start, q_tile, seq_q, head, poisoned, out_scale,
         )  # fmt: skip
+        if q_holds_output:
+            # The output staged in Q's buffer is read out: the next Q may land there (a TMA
+            # write after generic ones: the proxy fence first).
+            T.fence_proxy_async()
+            T.mbarrier_arrive(q_empty[0])
         items_done[0] = items_done[0] + 1
         ring[0] = ring[0] + loop_range
 
@@ -349,11 +365,12 @@ def gqa_prefill_ws(steps, num_stages: int, pingpong: bool, persistent: bool, num
             # A K/V source may take the output buffer's room (FP8: a staging tile): O goes out
             # from registers (O_shared None).
             # Split: the shares' fp32 outputs go out from registers too.
-            if steps.split or steps.pack or not getattr(kv_source, "output_buffer", True):
+            if not stages_output:
                 O_shared = None
             else:
-                O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if persistent else Q_shared
-                if persistent:
+                own = persistent and not output_in_q
+                O_shared = T.alloc_shared([block_M, HEAD_DIM], dtype) if own else Q_shared
+                if own:
                     # Swizzled: unswizzled 256-byte rows put the 8 rows of each stmatrix in the
                     # same banks (32-way conflicts, ~6% of 8x2048 causal under ncu). Q's buffer
                     # is swizzled already (a wgmma operand).

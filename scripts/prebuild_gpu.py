@@ -6,8 +6,9 @@ host, 2026-11-25).
 
     python scripts/prebuild_gpu.py cuda_ragged tilelang_ragged triton_ragged ...
 
-A Solution JSON file (an earlier version, or a variant from scripts/tilelang_variant.py, named
-after the solution it varies) is built and warmed the same way. Every case's outputs are checked
+A Solution JSON file (an earlier version, or a variant from scripts/tilelang_variant.py or
+`tune_cuda.py --json`, under any file name: its definition says what to warm) is built and
+warmed the same way. Every case's outputs are checked
 against the reference (prefill_bundle.testing.check_outputs), so a build that runs but computes
 wrongly is reported as FAILED here, before anything times it.
 
@@ -23,25 +24,54 @@ from functools import partial
 from pathlib import Path
 
 
+def definition_of(name: str) -> str:
+    """The definition of the packed solution NAME, or of the Solution JSON file NAME (*.json)."""
+    from flashinfer_bench import Solution
+
+    from prefill_bundle.testing import load_solution
+
+    if name.endswith(".json"):
+        return Solution.model_validate_json(Path(name).read_text()).definition
+    return load_solution(name).definition
+
+
 def warm_dtypes(solution: str, both_dtypes: bool) -> tuple:
-    """The query dtypes to warm `solution` in: its definition's, or both 16-bit ones."""
+    """The query dtypes to warm `solution` (a name or a JSON file) in: its definition's, or
+    both 16-bit ones."""
     import torch
 
-    from prefill_bundle.testing import load_definition, load_solution
+    from prefill_bundle.testing import load_definition
 
     if both_dtypes:
         return (torch.bfloat16, torch.float16)
-    definition = load_definition(load_solution(solution).definition)
+    definition = load_definition(definition_of(solution))
     return (getattr(torch, definition.inputs["q"].dtype.value),)
+
+
+def warm_cases(definition: str, dtypes: tuple) -> list:
+    """Small cases of `definition` in `dtypes`: both masks, rows that see no key, decode-like
+    rows (which the paged plans split)."""
+    from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, SWA
+    from prefill_bundle.testing import PaddedCase, PagedCase, RaggedCase
+
+    if definition == MINI:
+        return [PaddedCase(2, 300, 300, c, d) for c in (True, False) for d in dtypes]
+    if definition == SWA:
+        return [RaggedCase((300, 5), (300, 40), d, window_left=64) for d in dtypes]
+    if definition == PAGED_FP8:
+        return [PagedCase((100, 7), (300, 70), 64, fp8_scales=(0.5, 1.25)),
+                PagedCase((1, 1, 2, 1), (3000, 700, 5000, 64), 64, fp8_scales=(0.5, 1.25))]
+    if definition in PAGE_SIZES:
+        return [PagedCase(q_lens, kv_lens, PAGE_SIZES[definition], d) for d in dtypes
+                for q_lens, kv_lens in (((100, 7), (300, 70)),
+                                        ((1, 1, 2, 1), (3000, 700, 5000, 64)))]
+    return [RaggedCase((300, 5), (300, 40), d) for d in dtypes]
 
 
 def warm(name: str, both_dtypes: bool = False) -> str:
     import torch
 
     from prefill_bundle.testing import (
-        PaddedCase,
-        PagedCase,
-        RaggedCase,
         build_solution_or_file,
         check_outputs,
         make_inputs,
@@ -50,24 +80,8 @@ def warm(name: str, both_dtypes: bool = False) -> str:
     )
 
     start = time.time()
-    stem = Path(name).stem  # a JSON file's: the name of the solution it holds or varies
-    dtypes = warm_dtypes(stem, both_dtypes)
-    if stem.endswith("_mini"):
-        cases = [PaddedCase(2, 300, 300, c, d) for c in (True, False) for d in dtypes]
-    elif stem.endswith("_swa"):
-        cases = [RaggedCase((300, 5), (300, 40), d, window_left=64) for d in dtypes]
-    elif stem.endswith("_fp8kv"):
-        # and decode-like rows, which the plans split (split kernels, merge)
-        cases = [PagedCase((100, 7), (300, 70), 64, fp8_scales=(0.5, 1.25)),
-                 PagedCase((1, 1, 2, 1), (3000, 700, 5000, 64), 64, fp8_scales=(0.5, 1.25))]
-    elif "_paged_ps" in stem:
-        page_size = int(stem.rsplit("ps", 1)[1])
-        cases = [PagedCase(q_lens, kv_lens, page_size, d) for d in dtypes
-                 for q_lens, kv_lens in (((100, 7), (300, 70)),
-                                         ((1, 1, 2, 1), (3000, 700, 5000, 64)))]
-    else:
-        cases = [RaggedCase((300, 5), (300, 40), d) for d in dtypes]
     try:
+        cases = warm_cases(definition_of(name), warm_dtypes(name, both_dtypes))
         runnable = build_solution_or_file(name)
         for case in cases:
             inputs = make_inputs(case, "cuda")

@@ -218,6 +218,24 @@ def test_prebuild_warms_the_definitions_dtype_unless_asked_for_both():
     assert script.warm_dtypes("triton_ragged", True) == (torch.bfloat16, torch.float16)
 
 
+def test_prebuild_takes_a_variant_json_under_any_name(tmp_path):
+    """A variant's Solution JSON (tune_cuda.py --json names it cuda_mini_<variant>.json) is
+    warmed on its definition's cases, whatever the file is called."""
+    from prefill_bundle import MINI, PAGED_PS1
+    from prefill_bundle.testing import PaddedCase, PagedCase, load_solution
+
+    script = load_script("prebuild_gpu")
+    path = tmp_path / "cuda_mini_some_variant.json"
+    path.write_text(load_solution("cuda_mini").model_dump_json())
+    assert script.definition_of(str(path)) == MINI
+    assert script.warm_dtypes(str(path), False) == (torch.float16,)
+    cases = script.warm_cases(MINI, (torch.float16,))
+    assert {type(c) for c in cases} == {PaddedCase} and {c.causal for c in cases} == {True, False}
+    paged = script.warm_cases(script.definition_of("tilelang_paged_ps1"), (torch.bfloat16,))
+    assert {(type(c), c.page_size) for c in paged} == {(PagedCase, 1)}
+    assert script.definition_of("tilelang_paged_ps1") == PAGED_PS1
+
+
 def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     """scripts/stall_by_role.py on a small SASS page: the producer's and consumers' samples
     are counted apart, and a store with 8x its ideal wavefronts is listed as conflicted."""

@@ -168,10 +168,8 @@ def compile_only(variants: list) -> None:
     set_cuda_home()
     build_all(["cuda_ragged"], variants)
     for variant in variants:
-        start = time.time()
-        runnable = build_variant("cuda_ragged", variant, VARIANTS[variant])
-        print(f"{variant}: built for sm_90a in {time.time() - start:.0f} s, knobs as asked: "
-              f"{VARIANTS[variant].cpp()}")  # fmt: skip
+        runnable = build_variant("cuda_ragged", variant, VARIANTS[variant])  # from the cache
+        print(f"{variant}: built for sm_90a, knobs as asked: {VARIANTS[variant].cpp()}")
         for kernel, usage in hopper_resources(runnable.metadata.misc["binary"]):
             print(f"    {kernel:70s} {usage}", flush=True)
 

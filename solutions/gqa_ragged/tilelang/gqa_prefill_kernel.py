@@ -174,7 +174,8 @@ def gqa_prefill(
     inter-warpgroup schedule (named barriers: one warpgroup's GEMMs run during the other's
     softmax); persistent runs num_sms blocks that take items from a counter. overlap is ignored.
     output_in_q (persistent ws): the output is staged in Q's buffer instead of one of its own
-    (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue.
+    (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue;
+    a block-per-item program stages it there anyway.
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,

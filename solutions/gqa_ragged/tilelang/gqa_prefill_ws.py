@@ -118,12 +118,12 @@ def gqa_prefill_ws(
     assert producer_regs * 128 + consumer_regs * consumer_threads <= launch_regs * threads, (
         f"register split {producer_regs} / {consumer_regs} over the block's {launch_regs}"
     )
-    # The output staged in Q's buffer by a block that runs more than one item: Q's buffer is
-    # released after the epilogue, not after the item's last Q K^T.
-    # (Split, packed and FP8 programs store from registers: no output buffer.)
+    # Split, packed and FP8 programs store the output from registers: no staging buffer.
     stages_output = not (steps.split or steps.pack or not getattr(kv_source, "output_buffer", True))
+    # The output staged in Q's buffer by a block that runs more than one item: Q's buffer is
+    # released after the epilogue, not after the item's last Q K^T. (A block per item stages
+    # it there anyway, with no next Q to wait: output_in_q changes nothing for it.)
     q_holds_output = persistent and output_in_q and stages_output
-    assert not output_in_q or persistent, "output_in_q: for the persistent program"
     # split: a (slot, head)'s shares; pack: a head is a KV head
     num_items = steps.item_heads * num_slots * steps.shares
     grid = T.min(num_items, num_sms) if persistent else num_items

@@ -27,6 +27,7 @@ class HopperKnobs:
     fold_scale: bool  # scale folded into the exponentials, else the logits scaled first
     own_output_buffer: bool  # output staged in a buffer of its own, else in Q's
     persistent: bool  # one CTA per SM drawing items, else one CTA per item
+    pingpong: bool  # the consumer warpgroups take turns issuing their GEMMs (FA3's)
 
     def cpp(self) -> str:
         values = (str(v).lower() if isinstance(v, bool) else str(v) for v in astuple(self))
@@ -34,8 +35,8 @@ class HopperKnobs:
 
 
 # hopper_knobs.cuh's shipped_knobs(), checked against the shipped build's built_knobs.
-SHIPPED_CAUSAL = HopperKnobs(128, 2, 32, 232, True, True, True)
-SHIPPED_FULL = HopperKnobs(176, 2, 24, 240, True, False, True)
+SHIPPED_CAUSAL = HopperKnobs(128, 2, 32, 232, True, True, True, False)
+SHIPPED_FULL = HopperKnobs(176, 2, 24, 240, True, False, True, True)
 SHIPPED_PAGED = SHIPPED_CAUSAL
 
 

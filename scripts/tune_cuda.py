@@ -116,6 +116,15 @@ VARIANTS = {
             persistent=True,
         )
     ),
+    # FA3's turns between the consumer warpgroups (named barriers around each one's GEMM issue)
+    # for every family; shipped for the non-causal one only since 2026-11-29 (17) (H200, kernel
+    # time vs FlashInfer: 4x512 non-causal 0.86 -> 0.91, the causal and paged rows unchanged or
+    # 1-3% slower with them: cuda/TUNING.md). full_no_pingpong: the non-causal kernels without.
+    "pingpong": BuildKnobs(
+        causal=replace(SHIPPED_CAUSAL, pingpong=True),
+        paged=replace(SHIPPED_PAGED, pingpong=True),
+    ),
+    "full_no_pingpong": BuildKnobs(full=replace(SHIPPED_FULL, pingpong=False)),
 }
 CASES = [
     PaddedCase(8, 2048, 2048, True),

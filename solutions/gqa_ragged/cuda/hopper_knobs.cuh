@@ -22,10 +22,12 @@ namespace gqa_prefill {
 // scale folded into the exponentials (one FFMA a logit) or applied to the logits first (one
 // FMUL each); kOwnOutputBuffer: the output is staged in a buffer of its own (the producer loads
 // the next item's Q during the epilogue), else in Q's; kPersistent: one CTA per SM drawing items
-// from a counter, else one CTA per item. Every bound is checked here (shared memory: HopperSmem),
-// so a variant that cannot work fails to compile.
+// from a counter, else one CTA per item; kPingpong: FA3's turns, the consumer warpgroups issue
+// their GEMMs of a tile one after the other (named barriers), so one's softmax runs under the
+// other's GEMMs. Every bound is checked here (shared memory: HopperSmem), so a variant that
+// cannot work fails to compile.
 template <int kBlockN_, int kKvStages_, int kProducerRegisters_, int kConsumerRegisters_,
-          bool kFoldScale_, bool kOwnOutputBuffer_, bool kPersistent_>
+          bool kFoldScale_, bool kOwnOutputBuffer_, bool kPersistent_, bool kPingpong_>
 struct HopperKnobs {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kKvStages = kKvStages_;
@@ -34,6 +36,7 @@ struct HopperKnobs {
   static constexpr bool kFoldScale = kFoldScale_;
   static constexpr bool kOwnOutputBuffer = kOwnOutputBuffer_;
   static constexpr bool kPersistent = kPersistent_;
+  static constexpr bool kPingpong = kPingpong_;
   static constexpr uint32_t kKvTileBytes = kBlockN * kHeadDim * 2;
   static constexpr uint32_t kKvHalfBytes = kKvTileBytes / 2;
 
@@ -58,18 +61,20 @@ enum class KernelFamily { kCausal, kFull, kPaged };
 
 struct KnobValues {
   int block_n, kv_stages, producer_registers, consumer_registers;
-  bool fold_scale, own_output_buffer, persistent;
+  bool fold_scale, own_output_buffer, persistent, pingpong;
 };
 
 // The shipped knobs (the measurements: TUNING.md). Causal: 128-key tiles, persistent, an output
 // buffer of its own; the producer keeps 32 registers (its ragged sequence search spills at 24).
 // Full: 176-key tiles (FA3's choice for head_dim 128), which need 240 registers per consumer
 // thread and leave no room for an output buffer; persistent too (items cost the same, but a CTA
-// per item paid its setup and first loads each time: +2-7% on 4x512, TUNING.md). Paged: the
-// causal knobs (the gather and FP8 loaders keep 40 producer registers).
+// per item paid its setup and first loads each time: +2-7% on 4x512, TUNING.md), with FA3's
+// turns between the warpgroups (4x512 +5%; the causal and paged kernels gained nothing or lost
+// with them: TUNING.md). Paged: the causal knobs (the gather and FP8 loaders keep 40 producer
+// registers).
 constexpr KnobValues shipped_knobs(KernelFamily family) {
-  return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, true}
-                                       : KnobValues{128, 2, 32, 232, true, true, true};
+  return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, true, true}
+                                       : KnobValues{128, 2, 32, 232, true, true, true, false};
 }
 
 // (C++17 takes no class-type template parameters: each field is passed on.)
@@ -78,7 +83,8 @@ using ShippedKnobs =
     HopperKnobs<shipped_knobs(kFamily).block_n, shipped_knobs(kFamily).kv_stages,
                 shipped_knobs(kFamily).producer_registers,
                 shipped_knobs(kFamily).consumer_registers, shipped_knobs(kFamily).fold_scale,
-                shipped_knobs(kFamily).own_output_buffer, shipped_knobs(kFamily).persistent>;
+                shipped_knobs(kFamily).own_output_buffer, shipped_knobs(kFamily).persistent,
+                shipped_knobs(kFamily).pingpong>;
 
 // Every knob of a build: the three families' HopperKnobs, and two of the FP8 caches' kernels
 // (kv_paged_fp8.cuh): kFp8Bf16Bits, their bf16 conversion (both FP8 kernels): true with integer

@@ -292,6 +292,22 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
   const uint64_t v_desc = smem_desc(sV, Tiles::kKvHalfBytes);
   constexpr uint64_t kStageStep = Tiles::kKvTileBytes >> 4;  // descriptor units (16 bytes)
 
+  // FA3's turns (Tiles::kPingpong): a warpgroup issues a tile's GEMMs after the other has issued
+  // its own (barrier kTurn + warpgroup, which the other arrives on), so one's softmax runs under
+  // the other's GEMMs. Warpgroup 0 goes first: it arrives on its own barrier once. Each
+  // warpgroup takes and passes a turn once a tile of every item (both see the same tiles), the
+  // last tile's P V aside.
+  constexpr int kTurn = 5;  // and 6 (1 + warpgroup: the epilogue, 3: both, 4: the FP8 loader)
+  auto take_turn = [&]() {
+    if constexpr (Tiles::kPingpong) named_barrier_sync(kTurn + warpgroup, kConsumerThreads);
+  };
+  auto pass_turn = [&]() {
+    if constexpr (Tiles::kPingpong) named_barrier_arrive(kTurn + 1 - warpgroup, kConsumerThreads);
+  };
+  if constexpr (Tiles::kPingpong) {
+    if (warpgroup == 0) named_barrier_arrive(kTurn, kConsumerThreads);
+  }
+
   uint32_t tile_count = 0;
 #pragma unroll 1
   for (uint32_t n_item = 0;; ++n_item) {
@@ -380,7 +396,9 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       mbarrier_wait(k_full + 8 * first.stage, first.parity);
       if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();  // cp.async -> wgmma
       float s[kSB][4];
+      take_turn();
       issue_s(s, first);
+      pass_turn();
       wgmma_wait<0>();
       fence_operands(s);
       mbarrier_arrive(k_empty + 8 * first.stage);
@@ -407,9 +425,11 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       mbarrier_wait(v_full + 8 * current.stage, current.parity);
       if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();
       float s[kSB][4];
+      take_turn();
       issue_s(s, next);
       rescale_rows(acc, rescale);
       issue_pv(current);
+      pass_turn();
       wgmma_wait<1>();  // S[n + 1] is done; P[n] V[n] may still run
       fence_operands(s);
       mbarrier_arrive(k_empty + 8 * next.stage);

@@ -257,7 +257,8 @@ std::string knobs_json() {
        << ", \"consumer_registers\": " << Tiles::kConsumerRegisters
        << ", \"fold_scale\": " << Tiles::kFoldScale
        << ", \"own_output_buffer\": " << Tiles::kOwnOutputBuffer
-       << ", \"persistent\": " << Tiles::kPersistent << "}";
+       << ", \"persistent\": " << Tiles::kPersistent
+       << ", \"pingpong\": " << Tiles::kPingpong << "}";
   return json.str();
 }
 

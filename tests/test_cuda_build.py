@@ -207,6 +207,9 @@ def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, objects):
                 # TMA loads, mbarriers, register reallocation: the warp-specialized pipeline.
                 for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
                     assert instruction in sass, f"{wgmma[0]}: no {instruction}"
+                # FA3's turns between the consumer warpgroups (bar.arrive on the other's named
+                # barrier) in the non-causal kernels only (shipped_knobs' pingpong).
+                assert ("BAR.ARV" in sass) == (not causal), f"{wgmma[0]}: turns"
             else:
                 assert hgmma == {128: 0, 176: 0}, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]

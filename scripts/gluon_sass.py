@@ -54,7 +54,8 @@ def compile_sm90a(dtype: str, ragged: bool = False, window: bool = False):
         })  # fmt: skip
     else:
         signature.update({
-            "out_ptr": f"*{dtype}", "seq_q": "i32", "seq_kv": "i32", "out_row_stride": "i32",
+            "out_ptr": f"*{dtype}", "schedule": "*i32", "seq_q": "i32", "seq_kv": "i32",
+            "out_row_stride": "i32",
             "qk_scale": "fp32", "causal": "i32", "pingpong": "i32",
         })  # fmt: skip
     constexprs = dict(NUM_HEADS=ga.NUM_HEADS, NUM_KV_HEADS=ga.NUM_KV_HEADS, BLOCK_M=ga.BLOCK_M,

@@ -372,6 +372,40 @@ def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):
     check_outputs([out], reference_outputs(case, inputs), names=("out",))
 
 
+@pytest.mark.parametrize("batch,seq_q,seq_kv,causal", [
+    (8, 2048, 2048, True), (1, 8192, 8192, True), (2, 1500, 1100, True), (1, 300, 2048, False),
+    (1, 16384, 16384, False), (3, 128, 128, True),
+])  # fmt: skip
+def test_padded_schedule_runs_every_item_once_and_evens_the_ctas(batch, seq_q, seq_kv, causal):
+    """The padded kernel's table (plan time): every item once, each CTA's longest first, the
+    offsets and the trailing pad the kernel reads; the CTAs' loads (key tiles + 1 an item, as
+    _item counts them) within one item of each other, and never above a round robin's."""
+    ga = entry_module(build_solution("triton_mini")).gluon_attention
+    ctas = ga.grid(batch, seq_q, 132)[0]
+    table = ga.padded_schedule(batch, seq_q, seq_kv, causal, ctas)
+    m_blocks = -(-seq_q // 128)
+    items = m_blocks * batch * 32
+
+    def cost(item):  # _item's numbers: the last row block first
+        m_block = m_blocks - 1 - item // (batch * 32)
+        tiles = -(-seq_kv // 128)
+        if causal:
+            tiles = max(min(tiles, (m_block * 128 + 127 + seq_kv - seq_q + 128) // 128), 0)
+        return tiles + 1
+
+    assert table[0] == ctas + 1 and table[ctas] == len(table) - 1 and table[-1] == 0
+    runs = [table[table[c]:table[c + 1]] for c in range(ctas)]
+    assert sorted(i for run in runs for i in run) == list(range(items))
+    assert all(run and [cost(i) for i in run] == sorted(map(cost, run), reverse=True)
+               for run in runs)  # fmt: skip
+    loads = [sum(map(cost, run)) for run in runs]
+    assert max(loads) - min(loads) <= max(map(cost, range(items)))
+    round_robin = [sum(cost(i) for i in range(c, items, ctas)) for c in range(ctas)]
+    assert max(loads) <= max(round_robin)
+    if (batch, seq_q) == (8, 2048):  # 3% under a round robin's, which left 3% idle
+        assert max(loads) <= 0.975 * max(round_robin)
+
+
 def test_gluon_launch_glue_on_the_host(monkeypatch):
     """run_padded's Gluon branch up to the launch (here on CPU tensors, the launch recorded):
     the plan's persistent grid, TMA descriptors over q / k / v with their own strides (a fused
@@ -383,7 +417,9 @@ def test_gluon_launch_glue_on_the_host(monkeypatch):
     out = poisoned_outputs(case, [q])[0]
     launches = []
     monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
-    plan = module.GluonPlan((300, 700, True, module.gluon_attention.grid(2, 300, 132), {}))
+    schedule = torch.zeros(4, dtype=torch.int32)  # stands for the plan's table (recorded only)
+    plan = module.GluonPlan((300, 700, True, module.gluon_attention.grid(2, 300, 132), {},
+                             schedule))  # fmt: skip
     module.launch_padded(plan, q, k, v, out)
     (kernel, grid, constexprs, runners, key, args), = launches
     ga = module.gluon_attention
@@ -396,7 +432,8 @@ def test_gluon_launch_glue_on_the_host(monkeypatch):
     assert q_desc.block_shape == [64, 128]
     assert (k_desc.shape, k_desc.strides) == ([2, 700, 1024], [k.stride(0), width, 1])
     assert v_desc.base is v and v_desc.block_shape == [1, 128, 128]
-    assert args[3:] == (out, 300, 700, 4096, module.PADDED_QK_SCALE, 1, 0)
+    assert args[3] is out and args[4] is schedule
+    assert args[5:] == (300, 700, 4096, module.PADDED_QK_SCALE, 1, 0)
 
 
 def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):

@@ -14,8 +14,10 @@ issues its products while the other runs its softmax) are here as the run-time f
 off: on, they measured 3-6% slower; but the kernel without their code measured 3-4% slower
 than with it switched off (ptxas schedules the loop's issue differently; TUNING.md).
 Causal masking is bottom-right aligned; key tiles every row of a warpgroup sees whole run
-without a mask, only the diagonal's and the last partial tile pay for one. CTAs start with the
-last row blocks (the longest rows when causal). Rows that see no key give 0.
+without a mask, only the diagonal's and the last partial tile pay for one. Each CTA runs the
+items the plan's schedule gives it (`schedule`: longest processing time first, so that the CTAs'
+sums of key tiles differ by about one item's, where a round robin left 3-6% idle), its longest
+first. Rows that see no key give 0.
 
 The ragged batch (gluon_ragged_fwd, run_ragged's kernel for long sequences) has the same
 structure over flat Q / K / V: items found by a binary search over qo_indptr (the producer's,
@@ -30,6 +32,7 @@ Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 """
 
 import functools
+import heapq
 
 import torch
 from triton.experimental import gluon
@@ -68,7 +71,7 @@ def _item(item, num_m_blocks, batch_heads, seq_q, seq_kv, causal):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty,
-              v_full, v_empty, seq_q, seq_kv, causal, num_m_blocks, batch_heads):
+              v_full, v_empty, seq_q, seq_kv, causal, num_m_blocks, batch_heads, schedule):
     """For each of the CTA's items: Q's two halves (once both consumers are done with the last
     item's), then K and V of each key tile into the ring, whose slots and phases run on across
     items. K / V are described per sequence ([batch, seq_kv, columns]): a tile's keys past the
@@ -76,7 +79,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k
     through 0 x NaN)."""
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_m_blocks * batch_heads, gl.num_programs(0)):
+    first = gl.load(schedule + gl.program_id(0))
+    item = gl.load(schedule + first)
+    for k in range(first, gl.load(schedule + gl.program_id(0) + 1)):
+        next_item = gl.load(schedule + k + 1)  # read an item ahead (the table ends in a pad)
         batch, head, m0, num_tiles = _item(item, num_m_blocks, batch_heads, seq_q, seq_kv,
                                            causal)
         q_row = batch * seq_q + m0
@@ -99,6 +105,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k
                                             v_full.index(stage), v_smem.index(stage))
         tile += num_tiles
         count += 1
+        item = next_item
 
 
 @gluon.jit
@@ -314,7 +321,7 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
 @gluon.jit
 def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns,
               out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong, num_m_blocks,
-              batch_heads, wg):
+              batch_heads, schedule, wg):
     """One consumer warpgroup: for each of the CTA's items, query rows wg x 64 .. wg x 64 + 63
     of its row block, as _consume_item (whose docstring says how). The item body is written
     out here, not a call of _consume_item, to keep the SASS that was measured: calling it,
@@ -333,7 +340,10 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
     shift = seq_kv - seq_q  # bottom-right: query row r sees keys up to r + shift
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_m_blocks * batch_heads, gl.num_programs(0)):
+    first = gl.load(schedule + gl.program_id(0))
+    item = gl.load(schedule + first)
+    for k in range(first, gl.load(schedule + gl.program_id(0) + 1)):
+        next_item = gl.load(schedule + k + 1)  # read an item ahead: no load latency per item
         batch, head, m0, num_tiles = _item(item, num_m_blocks, batch_heads, seq_q, seq_kv,
                                            causal)
         m0 += wg * HALF_M
@@ -387,6 +397,7 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
                  mask=(m0 + rows < seq_q)[:, None])
         tile += num_tiles
         count += 1
+        item = next_item
 
 
 # One entry a consumer warpgroup: a partition's function takes no constexpr, and its warpgroup
@@ -394,28 +405,29 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                 turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
-                num_m_blocks, batch_heads):
+                num_m_blocks, batch_heads, schedule):
     _consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
               v_empty, turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
-              num_m_blocks, batch_heads, 0)
+              num_m_blocks, batch_heads, schedule, 0)
 
 
 @gluon.jit
 def _consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                 turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
-                num_m_blocks, batch_heads):
+                num_m_blocks, batch_heads, schedule):
     _consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
               v_empty, turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
-              num_m_blocks, batch_heads, 1)
+              num_m_blocks, batch_heads, schedule, 1)
 
 
 @gluon.jit
-def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_stride, qk_scale,
-                     causal, pingpong, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-                     PRODUCER_REGISTERS: gl.constexpr):
-    """Persistent: grid (CTAs,), at most one an SM; CTA c runs items c, c + CTAs, ... (_item).
+def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, schedule, seq_q, seq_kv, out_row_stride,
+                     qk_scale, causal, pingpong, NUM_HEADS: gl.constexpr,
+                     NUM_KV_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMER_REGISTERS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr):
+    """Persistent: grid (CTAs,), at most one an SM; CTA c runs the items schedule[schedule[c] ..
+    schedule[c + 1] - 1] (_item's numbering; padded_schedule).
     num_warps=4: the default partition is consumer 0; consumer 1 and the producer warp are
     worker partitions. q_desc views q as [tokens, heads x HEAD_DIM] (sequence b's token t at
     row b x seq_q + t), k_desc / v_desc view k / v as [batch, seq_kv, heads x HEAD_DIM]."""
@@ -447,14 +459,14 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, seq_q, seq_kv, out_row_str
         mbarrier.init(v_empty.index(s), count=2)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
-                     num_m_blocks, batch_heads)
+                     num_m_blocks, batch_heads, schedule)
     gl.warp_specialize(
         [
             (_consumer_0, consumer_args),
             (_consumer_1, consumer_args),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
                          k_empty, v_full, v_empty, seq_q, seq_kv, causal, num_m_blocks,
-                         batch_heads)),
+                         batch_heads, schedule)),
         ],
         [4, 1],
         [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
@@ -865,14 +877,43 @@ def grid(batch: int, seq_q: int, num_sms: int) -> tuple:
     return (min(items, num_sms),)
 
 
-def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong=False) -> tuple:
+def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int) -> list:
+    """The padded kernel's items per CTA (plan time), as one int32 table: CTA c runs items
+    table[table[c]] .. table[table[c + 1] - 1] in that order, and a pad ends the table (each
+    partition reads an item ahead). Longest processing time first: items by cost (key tiles + 1,
+    the + 1 for the item's Q, first S and epilogue), each to the CTA with the least so far, so
+    the CTAs' sums differ by less than the last item's (a round robin: 3% idle on 8 x 2048
+    causal, 6% on 1 x 8192, from the count of items a CTA gets, not only their costs)."""
+    num_m_blocks = (seq_q + BLOCK_M - 1) // BLOCK_M
+    batch_heads = batch * NUM_HEADS
+    kv_tiles = (seq_kv + BLOCK_N - 1) // BLOCK_N
+    per_cta = [[] for _ in range(ctas)]
+    loads = [(0, c) for c in range(ctas)]
+    for m_block in reversed(range(num_m_blocks)):  # _item's order: the last row block first
+        tiles = kv_tiles
+        if causal:  # as _item: the block's last row sees keys up to m0 + 127 + seq_kv - seq_q
+            last_key = m_block * BLOCK_M + BLOCK_M - 1 + seq_kv - seq_q
+            tiles = max(min(kv_tiles, (last_key + BLOCK_N) // BLOCK_N), 0)
+        first_item = (num_m_blocks - 1 - m_block) * batch_heads
+        for item in range(first_item, first_item + batch_heads):
+            load, cta = heapq.heappop(loads)
+            per_cta[cta].append(item)
+            heapq.heappush(loads, (load + tiles + 1, cta))
+    table = [0] * (ctas + 1)
+    for c in range(ctas):
+        table[c + 1] = table[c] + len(per_cta[c])
+    return [ctas + 1 + start for start in table] + [i for items in per_cta for i in items] + [0]
+
+
+def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, schedule,
+                pingpong=False) -> tuple:  # fmt: skip
     """The run-time arguments of gluon_padded_fwd (every call: the descriptors hold the data
     pointers) for q [batch, seq_q, 32, 128] and k / v [batch, seq_kv, 8, 128] (tma_readable;
     q's batch step seq_q token steps) into out [batch, seq_q, 32, 128] (out.stride(0) == seq_q
     x out.stride(1)). Q is described as [batch x seq_q, columns] in 64-row halves (a row block
     may run into the next sequence: those rows are never stored), K / V per sequence ([batch,
-    seq_kv, columns]) in tiles of BLOCK_N keys. qk_scale holds log2(e); pingpong: the module
-    docstring."""
+    seq_kv, columns]) in tiles of BLOCK_N keys. qk_scale holds log2(e); schedule: the plan's
+    padded_schedule on q's device; pingpong: the module docstring."""
     q_layout, kv_layout = _layouts(q.dtype)
     batch, columns = q.shape[0], NUM_KV_HEADS * HEAD_DIM
     q_desc = _descriptor(q, [batch * seq_q, NUM_HEADS * HEAD_DIM], [q.stride(1), 1],
@@ -881,8 +922,8 @@ def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, pingpong=False) -
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
     v_desc = _descriptor(v, [batch, seq_kv, columns], [v.stride(0), v.stride(1), 1],
                          [1, BLOCK_N, HEAD_DIM], kv_layout)  # fmt: skip
-    return (q_desc, k_desc, v_desc, out, seq_q, seq_kv, out.stride(1), qk_scale, int(causal),
-            int(pingpong))  # fmt: skip
+    return (q_desc, k_desc, v_desc, out, schedule, seq_q, seq_kv, out.stride(1), qk_scale,
+            int(causal), int(pingpong))  # fmt: skip
 
 
 def ragged_grid(batch: int, total_q: int, num_sms: int) -> tuple:

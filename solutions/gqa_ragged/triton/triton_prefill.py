@@ -359,7 +359,7 @@ class GluonRaggedPlan(tuple):
 
 class GluonPlan(tuple):
     """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
-    grid, runners)."""
+    grid, runners, the CTAs' items: padded_schedule on q's device)."""
 
 
 # The Gluon kernel runs the padded batch on sm_90 from this many queries and keys a sequence:
@@ -411,7 +411,9 @@ def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):
     if batch * seq_q * out.stride(1) >= 2**31:
         return None
     grid = gluon_attention.grid(batch, seq_q, _sm_count(q.device))
-    return GluonPlan((seq_q, seq_kv, causal, grid, {}))
+    schedule = gluon_attention.padded_schedule(batch, seq_q, seq_kv, causal, grid[0])
+    schedule = torch.tensor(schedule, dtype=torch.int32, device=q.device)
+    return GluonPlan((seq_q, seq_kv, causal, grid, {}, schedule))
 
 
 def run_padded(q, k, v, causal, out):
@@ -433,8 +435,9 @@ def run_padded(q, k, v, causal, out):
 
 def launch_padded(plan, q, k, v, out):
     if isinstance(plan, GluonPlan):
-        seq_q, seq_kv, causal, grid, runners = plan
-        args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE, causal)
+        seq_q, seq_kv, causal, grid, runners, schedule = plan
+        args = gluon_attention.launch_args(q, k, v, out, seq_q, seq_kv, PADDED_QK_SCALE, causal,
+                                           schedule)  # fmt: skip
         _cached_launch(gluon_attention.gluon_padded_fwd, grid, lambda: gluon_attention.CONSTEXPRS,
                        runners, q.get_device(), args)  # fmt: skip
         return

@@ -877,28 +877,46 @@ def grid(batch: int, seq_q: int, num_sms: int) -> tuple:
     return (min(items, num_sms),)
 
 
-def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int) -> list:
+# Items drawn in sections of (sequence, KV head) units whose K and V fit this much of L2 (CUDA's
+# kL2SectionBytes, measured there: cuda/TUNING.md, "Items in L2 sections").
+L2_SECTION_BYTES = 16 << 20
+
+
+def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int,
+                    section_bytes: int = L2_SECTION_BYTES) -> list:  # fmt: skip
     """The padded kernel's items per CTA (plan time), as one int32 table: CTA c runs items
     table[table[c]] .. table[table[c + 1] - 1] in that order, and a pad ends the table (each
-    partition reads an item ahead). Longest processing time first: items by cost (key tiles + 1,
-    the + 1 for the item's Q, first S and epilogue), each to the CTA with the least so far, so
-    the CTAs' sums differ by less than the last item's (a round robin: 3% idle on 8 x 2048
-    causal, 6% on 1 x 8192, from the count of items a CTA gets, not only their costs)."""
+    partition reads an item ahead).
+
+    The order the items are handed out is CUDA's (l2_section_order): (sequence, KV head) units
+    in sections whose K / V fit section_bytes, each section row block by row block, the last
+    first (the heaviest when causal), so the items in flight share their K / V in L2 (level by
+    level over every unit, 8 x 2048 re-read K / V from DRAM at each level: 627 MB read against
+    210 MB for CUDA's, ncu). Each item goes to the CTA with the least work so far (key tiles + 1
+    an item, the + 1 for its Q, first S and epilogue), as a counter drawn by free CTAs would,
+    so the CTAs' sums differ by at most an item's (a round robin: 3-6% idle on 8 x 2048 and
+    1 x 8192 causal, from the count of items a CTA gets)."""
     num_m_blocks = (seq_q + BLOCK_M - 1) // BLOCK_M
     batch_heads = batch * NUM_HEADS
     kv_tiles = (seq_kv + BLOCK_N - 1) // BLOCK_N
+    group = NUM_HEADS // NUM_KV_HEADS
+    units = batch * NUM_KV_HEADS
+    unit_bytes = 2 * seq_kv * HEAD_DIM * 2  # K and V of one (sequence, KV head), 16-bit
+    section = max(1, min(units, section_bytes // max(unit_bytes, 1))) if section_bytes else units
     per_cta = [[] for _ in range(ctas)]
     loads = [(0, c) for c in range(ctas)]
-    for m_block in reversed(range(num_m_blocks)):  # _item's order: the last row block first
-        tiles = kv_tiles
-        if causal:  # as _item: the block's last row sees keys up to m0 + 127 + seq_kv - seq_q
-            last_key = m_block * BLOCK_M + BLOCK_M - 1 + seq_kv - seq_q
-            tiles = max(min(kv_tiles, (last_key + BLOCK_N) // BLOCK_N), 0)
-        first_item = (num_m_blocks - 1 - m_block) * batch_heads
-        for item in range(first_item, first_item + batch_heads):
-            load, cta = heapq.heappop(loads)
-            per_cta[cta].append(item)
-            heapq.heappush(loads, (load + tiles + 1, cta))
+    for first_unit in range(0, units, section):
+        for m_block in reversed(range(num_m_blocks)):
+            tiles = kv_tiles
+            if causal:  # as _item: the block's last row sees keys up to m0 + 127 + seq_kv - seq_q
+                last_key = m_block * BLOCK_M + BLOCK_M - 1 + seq_kv - seq_q
+                tiles = max(min(kv_tiles, (last_key + BLOCK_N) // BLOCK_N), 0)
+            level = (num_m_blocks - 1 - m_block) * batch_heads  # _item's numbering
+            for unit in range(first_unit, min(first_unit + section, units)):
+                for head in range(unit * group, unit * group + group):  # (batch x 32 + head)
+                    load, cta = heapq.heappop(loads)
+                    per_cta[cta].append(level + head)
+                    heapq.heappush(loads, (load + tiles + 1, cta))
     table = [0] * (ctas + 1)
     for c in range(ctas):
         table[c + 1] = table[c] + len(per_cta[c])

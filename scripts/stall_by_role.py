@@ -4,8 +4,10 @@ per-SASS-instruction page (the ncu report of scripts/profile_paged.py with Sourc
     ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv
     python scripts/stall_by_role.py sass.csv [other.csv ...]
 
-Per file: samples and instructions by warp role (the code after a `USETMAXREG.DEALLOC` is the
-producer's, after any other USETMAXREG the consumers'), by how often an instruction ran (the
+Per file: samples and instructions by warp role (the code after a `USETMAXREG` to at most 64
+registers is the producer's, to at least 160 the consumers'; the counts in between, as the
+launch's first split of Triton's Gluon kernels, keep the role before), by how often an
+instruction ran (the
 main loop runs once a key tile, the prologue and epilogue once an item: the execution count
 tells them apart), the instructions with the most samples, and shared-memory instructions with
 bank conflicts (wavefronts beyond the ideal). tilelang/TUNING.md (2026-11-27 (3)) read the
@@ -27,6 +29,15 @@ def number(text: str) -> float:
     return float(text.replace(",", "") or 0)
 
 
+def role_after_setmaxnreg(source: str, role: str) -> str:
+    """The warp role of the code after `USETMAXREG... <count>`: by the registers it sets, not by
+    DEALLOC / ALLOC (a Gluon consumer partition deallocates from 256 to 240)."""
+    registers = int(source.rstrip(" ;").rsplit(",", 1)[-1].split()[-1], 0)
+    if registers <= 64:
+        return "producer"
+    return "consumer" if registers >= 160 else role
+
+
 def read_rows(path: str) -> list:
     """The instruction rows as dicts: role, source, samples, executed, stalls (Counter),
     wavefronts and ideal wavefronts of shared memory."""
@@ -42,7 +53,7 @@ def read_rows(path: str) -> list:
             continue
         source = line[col["Source"]].strip()
         if "SETMAXREG" in source:
-            role = "producer" if "DEALLOC" in source else "consumer"
+            role = role_after_setmaxnreg(source, role)
         get = lambda name: number(line[col[name]]) if name in col else 0.0  # noqa: E731
         rows.append(dict(
             role=role, source=source, samples=get(SAMPLES), executed=get(EXECUTED),

@@ -238,7 +238,8 @@ def test_prebuild_takes_a_variant_json_under_any_name(tmp_path):
 
 def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     """scripts/stall_by_role.py on a small SASS page: the producer's and consumers' samples
-    are counted apart, and a store with 8x its ideal wavefronts is listed as conflicted."""
+    are counted apart (by the registers each USETMAXREG sets, a Gluon consumer's deallocation
+    included), and a store with 8x its ideal wavefronts is listed as conflicted."""
     columns = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
                "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal", "stall_long_sb",
                "stall_barrier", "stall_long_sb (Not Issued)"]  # fmt: skip
@@ -249,6 +250,12 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
         ["0x30", "USETMAXREG.TRYALLOC.CTAPOOL P0, 0xf0", "0", "2,000", "0", "0", "0", "0", "0"],
         ["0x40", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "60", "215,000", "0", "0", "0", "60", "0"],
         ["0x50", "STSM.16.M88.4 [R0], R8", "8", "32,000", "800", "100", "0", "8", "0"],
+        # Gluon: a partition's first split (120, the role before kept), then a consumer's
+        # deallocation from 256 to 240
+        ["0x60", "USETMAXREG.DEALLOC.CTAPOOL 0x78 ;", "0", "1,000", "0", "0", "0", "0", "0"],
+        ["0x70", "BAR.SYNC.DEFER_BLOCKING 0x1 ;", "4", "1,000", "0", "0", "0", "4", "0"],
+        ["0x80", "USETMAXREG.DEALLOC.CTAPOOL 0xf0 ;", "0", "1,000", "0", "0", "0", "0", "0"],
+        ["0x90", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "6", "215,000", "0", "0", "0", "6", "0"],
     ]
     path = tmp_path / "sass.csv"
     with open(path, "w", newline="") as f:
@@ -260,9 +267,9 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     by_role = {}
     for r in script.read_rows(path):
         by_role[r["role"]] = by_role.get(r["role"], 0.0) + r["samples"]
-    assert by_role == {"prologue": 2, "producer": 30, "consumer": 68}
+    assert by_role == {"prologue": 2, "producer": 30, "consumer": 78}
     summary = script.summarize(str(path))
-    assert "producer   30.0% of samples" in summary
+    assert "producer   27.3% of samples" in summary
     assert "long_sb 100%" in summary
     assert " 8.0x cons x   32.0K STSM" in summary
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted

@@ -15,9 +15,9 @@ off: on, they measured 3-6% slower; but the kernel without their code measured 3
 than with it switched off (ptxas schedules the loop's issue differently; TUNING.md).
 Causal masking is bottom-right aligned; key tiles every row of a warpgroup sees whole run
 without a mask, only the diagonal's and the last partial tile pay for one. Each CTA runs the
-items the plan's schedule gives it (`schedule`: longest processing time first, so that the CTAs'
-sums of key tiles differ by about one item's, where a round robin left 3-6% idle), its longest
-first. Rows that see no key give 0.
+items the plan's table gives it (padded_schedule: CUDA's order, (sequence, KV head) units in L2
+sections, the last row blocks first, each item to the CTA with the least work; a round robin
+left 3-6% of the CTAs idle and re-read K / V from DRAM). Rows that see no key give 0.
 
 The ragged batch (gluon_ragged_fwd, run_ragged's kernel for long sequences) has the same
 structure over flat Q / K / V: items found by a binary search over qo_indptr (the producer's,
@@ -343,7 +343,9 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
     first = gl.load(schedule + gl.program_id(0))
     item = gl.load(schedule + first)
     for k in range(first, gl.load(schedule + gl.program_id(0) + 1)):
-        next_item = gl.load(schedule + k + 1)  # read an item ahead: no load latency per item
+        # Read an item ahead (ptxas spills it at 240 registers and reloads it at the next
+        # item's start: TUNING.md, "The padded Gluon kernel's items by a plan-time table").
+        next_item = gl.load(schedule + k + 1)
         batch, head, m0, num_tiles = _item(item, num_m_blocks, batch_heads, seq_q, seq_kv,
                                            causal)
         m0 += wg * HALF_M

@@ -122,7 +122,6 @@ def gqa_prefill(
     fp8_split_q: bool = False,
     fp8_f16_pv: bool = False,
     output_in_q: bool = False,
-    register_split: tuple = None,
 ):
     """Build the T.prim_func of one variant.
 
@@ -177,8 +176,6 @@ def gqa_prefill(
     output_in_q (persistent ws): the output is staged in Q's buffer instead of one of its own
     (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue;
     a block-per-item program stages it there anyway.
-    register_split (ws, a knob under trial): (producer, consumer) registers after setmaxnreg in
-    place of the program's own (gqa_prefill_ws).
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
@@ -188,9 +185,7 @@ def gqa_prefill(
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(
-            steps, num_stages, pingpong, persistent, num_sms, output_in_q, register_split
-        )  # fmt: skip
+        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms, output_in_q)
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

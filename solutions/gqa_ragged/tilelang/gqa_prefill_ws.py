@@ -31,7 +31,6 @@ def consumer_threads_of(block_M: int) -> int:
 def gqa_prefill_ws(
     steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int,
     output_in_q: bool = False,
-    register_split: tuple = None,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
 
@@ -111,8 +110,6 @@ def gqa_prefill_ws(
             producer_regs,
             getattr(kv_source, "packed_producer_regs", 56 if loader_warps == 1 else 72),
         )  # fmt: skip
-    if register_split is not None:  # a variant's (scripts/tilelang_variant.py)
-        producer_regs, consumer_regs = register_split
     # setmaxnreg moves registers within the block's own pool, what the launch gave it: ptxas's
     # count per thread (65536 / threads down to a multiple of 8: 168 for 384 threads) times the
     # threads. A split over it never returns from the consumers' setmaxnreg.inc (the FP8 split

@@ -33,6 +33,7 @@ Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 
 import functools
 import heapq
+import itertools
 
 import torch
 from triton.experimental import gluon
@@ -884,14 +885,13 @@ def grid(batch: int, seq_q: int, num_sms: int) -> tuple:
 L2_SECTION_BYTES = 16 << 20
 
 
-def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int,
-                    section_bytes: int = L2_SECTION_BYTES) -> list:  # fmt: skip
+def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int) -> list:
     """The padded kernel's items per CTA (plan time), as one int32 table: CTA c runs items
     table[table[c]] .. table[table[c + 1] - 1] in that order, and a pad ends the table (each
     partition reads an item ahead).
 
     The order the items are handed out is CUDA's (l2_section_order): (sequence, KV head) units
-    in sections whose K / V fit section_bytes, each section row block by row block, the last
+    in sections whose K / V fit L2_SECTION_BYTES, each section row block by row block, the last
     first (the heaviest when causal), so the items in flight share their K / V in L2 (level by
     level over every unit, 8 x 2048 re-read K / V from DRAM at each level: 627 MB read against
     210 MB for CUDA's, ncu). Each item goes to the CTA with the least work so far (key tiles + 1
@@ -904,7 +904,7 @@ def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int
     group = NUM_HEADS // NUM_KV_HEADS
     units = batch * NUM_KV_HEADS
     unit_bytes = 2 * seq_kv * HEAD_DIM * 2  # K and V of one (sequence, KV head), 16-bit
-    section = max(1, min(units, section_bytes // max(unit_bytes, 1))) if section_bytes else units
+    section = max(1, min(units, L2_SECTION_BYTES // max(unit_bytes, 1)))
     per_cta = [[] for _ in range(ctas)]
     loads = [(0, c) for c in range(ctas)]
     for first_unit in range(0, units, section):
@@ -919,10 +919,8 @@ def padded_schedule(batch: int, seq_q: int, seq_kv: int, causal: bool, ctas: int
                     load, cta = heapq.heappop(loads)
                     per_cta[cta].append(level + head)
                     heapq.heappush(loads, (load + tiles + 1, cta))
-    table = [0] * (ctas + 1)
-    for c in range(ctas):
-        table[c + 1] = table[c] + len(per_cta[c])
-    return [ctas + 1 + start for start in table] + [i for items in per_cta for i in items] + [0]
+    starts = itertools.accumulate(map(len, per_cta), initial=ctas + 1)
+    return [*starts, *itertools.chain.from_iterable(per_cta), 0]
 
 
 def launch_args(q, k, v, out, seq_q, seq_kv, qk_scale, causal, schedule,

@@ -11,10 +11,17 @@ import pytest
 import torch
 
 from prefill_bundle import REPO_ROOT
+from prefill_bundle.paged_malformed import (
+    MALFORMED_PAGED_BATCHES,
+    check_malformed_paged_outputs,
+    malformed_paged_expected,
+    malformed_paged_inputs,
+)
 from prefill_bundle.testing import (
     MALFORMED_BATCHES,
     MALFORMED_SWA_BATCHES,
     PaddedCase,
+    PagedCase,
     RaggedCase,
     build_solution,
     check_malformed_outputs,
@@ -55,6 +62,19 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_softmax_overlapping_p_v(dtype)
     assert "USETMAXREG" in sass and "UTMALDG" in sass
     loops = _kv_loops(sass)
     assert len(loops) == 4 and min(loops) >= 64, loops
+
+
+def test_gluon_paged_kernel_compiles_for_sm90a_with_page_boxes_and_its_v_tail_copy():
+    """The paged kernel (page size 64): the ragged kernel's loops, K / V by TMA boxes of one
+    page (each two messages of 64 columns, as Q's halves: Q 2 x 2, K and V 2 pages x 2 each
+    in the SASS), the last V tile's cp.async copy."""
+    sass = _sass("bf16", "paged")
+    assert sass.count("HGMMA.64x128x16.F32") == 96
+    loops = _kv_loops(sass)
+    assert len(loops) == 4 and min(loops) >= 64, loops
+    assert sass.count("UTMALDG") == 12
+    assert sass.count("LDGSTS.E.BYPASS.128") == 64
+    assert "ARRIVES.LDGSTSBAR" in sass
 
 
 def test_gluon_ragged_kernel_compiles_for_sm90a_with_its_v_tail_copy():
@@ -245,6 +265,94 @@ def test_gluon_ragged_kernel_alone_writes_nothing_of_a_malformed_batch(gluon_rag
         runnable(*inputs, output, lse)
         untouched = bool((output == -7.0).all()) and bool((lse == -7.0).all())
         assert untouched if malformed else not (output == -7.0).all(-1).any()
+
+
+# ---- On the GPU: run_paged_ps64's Gluon path ---------------------------------------------------
+
+GLUON_PAGED_CASES = [
+    PagedCase((1,), (1,), 64),  # last page length 1
+    PagedCase((7, 0, 33), (7, 0, 40), 64),  # an empty sequence (no pages)
+    PagedCase((16, 5), (16, 0), 64),  # queries without keys
+    PagedCase((20, 20, 5), (129, 128, 65), 64, shared_prefix=(64, 64, 0)),  # shared pages
+    PagedCase((1000, 300), (3000, 300), 64),  # partial last tiles, last pages of 56 and 44
+    PagedCase((4500, 37), (3000, 4000), 64),  # rows that see no key
+    PagedCase((2048,), (8192 + 37,), 64, torch.float16),  # a chunk over a cached prefix
+    PagedCase((2048, 2048), (2048, 4096), 64),  # whole tiles only
+]
+
+
+@pytest.fixture
+def gluon_paged_solution(monkeypatch):
+    runnable = build_solution("triton_paged_ps64")
+    module = entry_module(runnable)
+    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "_paged_plans", {1: module.PlanCache(), 64: module.PlanCache()})
+    return runnable, module
+
+
+def _assert_gluon_paged_plan(module, inputs, caches=None):
+    q, k_cache, v_cache, *tables, _ = inputs
+    if caches:
+        k_cache, v_cache = caches
+    output, lse = torch.empty_like(q), torch.empty(q.shape[:2], device=q.device)
+    tensors = (q, k_cache, v_cache, *tables, output, lse)
+    assert isinstance(module._plan_paged(64, tensors), module.GluonPagedPlan)
+
+
+def _strided_caches(k_cache, v_cache, k_slots, v_slots):
+    """k_cache and v_cache as views [:, 0] and [:, 1] of NaN buffers [pages, slots, ...]."""
+    views = []
+    for cache, slots, index in ((k_cache, k_slots, 0), (v_cache, v_slots, 1)):
+        buffer = torch.full((cache.shape[0], slots, *cache.shape[1:]), float("nan"),
+                            dtype=cache.dtype, device=cache.device)  # fmt: skip
+        buffer[:, index] = cache
+        views.append(buffer[:, index])
+    return views
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GLUON_PAGED_CASES, ids=lambda c: c.id)
+def test_gluon_paged_path_matches_the_reference(gluon_paged_solution, case):
+    """Output and LSE of every row against the fp32 reference (outputs poisoned first; cache
+    slots no sequence lists are NaN)."""
+    runnable, module = gluon_paged_solution
+    inputs = make_inputs(case, "cuda", seed=17)
+    _assert_gluon_paged_plan(module, inputs)
+    check_outputs(run_runnable(runnable, case, inputs), reference_outputs(case, inputs))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots", [(2, 2), (2, 3)], ids=["kv_interleaved", "unequal_strides"])
+def test_gluon_paged_path_reads_cache_views_with_page_strides(gluon_paged_solution, slots):
+    """The K and V halves of FlashInfer's [pages, 2, 64, 8, 128] cache, and unequal page
+    strides (K's flat rows 128 apart, V's 192), NaN between the pages."""
+    runnable, module = gluon_paged_solution
+    case = GLUON_PAGED_CASES[4]
+    inputs = make_inputs(case, "cuda", seed=19)
+    caches = _strided_caches(inputs[1], inputs[2], *slots)
+    _assert_gluon_paged_plan(module, inputs, caches)
+    strided = [inputs[0], *caches, *inputs[3:]]
+    check_outputs(run_runnable(runnable, case, strided), reference_outputs(case, inputs))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 64],
+                         ids=lambda b: b.id)  # fmt: skip
+def test_gluon_paged_path_on_malformed_batches(gluon_paged_solution, batch):
+    """Bad page ids and last-page lengths (the Gluon kernel: NaN rows), indptr arrays that are
+    not a partition (the FA-2 kernel after it): every row written, NaN where the contract
+    says."""
+    runnable, module = gluon_paged_solution
+    inputs = malformed_paged_inputs(batch, "cuda", seed=4)
+    _assert_gluon_paged_plan(module, inputs)
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
+    runnable(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    check_malformed_paged_outputs([output, lse], malformed_paged_expected(batch, inputs))
 
 
 # ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------

@@ -44,6 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 BLOCK_M, BLOCK_N, STAGES = 128, 128, 2
+PAGE_SIZE = 64  # gluon_paged_fwd's: a key tile is two pages
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 # Worker partitions take no constexpr arguments: the tile sizes they need are the module's.
 HALF_M = gl.constexpr(BLOCK_M // 2)  # rows a consumer warpgroup owns
@@ -52,6 +53,7 @@ Q_HEADS = gl.constexpr(NUM_HEADS)
 KV_HEADS = gl.constexpr(NUM_KV_HEADS)
 DIM = gl.constexpr(HEAD_DIM)
 RING = gl.constexpr(STAGES)
+PAGE = gl.constexpr(PAGE_SIZE)
 
 
 @gluon.jit
@@ -209,7 +211,7 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
                   turns, out_ptr, lse_ptr, out_row0, m0, seq_q, seq_kv, shift, num_tiles, head,
                   tile, count, qk_scale, out_row_stride, causal, pingpong, wg, cols, rows, dims,
                   RAGGED: gl.constexpr, first_tile=0, window_left=-1,
-                  WINDOW: gl.constexpr = False):
+                  WINDOW: gl.constexpr = False, poisoned=None):
     """One consumer warpgroup's part of an item: query rows m0 .. m0 + 63 of a sequence of
     seq_q queries and seq_kv keys (its token 0 at out row out_row0), head `head`, num_tiles key
     tiles from the ring's tile `tile`, the item's Q the count-th. Tile 0 and the tiles from the
@@ -221,7 +223,7 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     the rows' LSE (base 2) are stored. WINDOW (causal): a row sees the keys from its last one
     minus window_left; the item's num_tiles key tiles start at first_tile (the band's first),
     and the tiles some row of the warpgroup sees only in part on the band's left edge run
-    masked too."""
+    masked too. poisoned (paged; None elsewhere): non-zero, every row's output and LSE NaN."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -309,6 +311,8 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     # A row without keys: 0 (a NaN among its keys stays NaN: l_o is NaN, not 0).
     l_o = gl.convert_layout(l_i, row_o)
     acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
+    if poisoned is not None:
+        acc = gl.where(poisoned != 0, float("nan"), acc)
     in_seq = m0 + rows < seq_q
     offsets = ((out_row0 + m0 + rows)[:, None] * out_row_stride + head * DIM
                + dims[None, :])  # fmt: skip
@@ -316,6 +320,8 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     if RAGGED:  # base 2, -inf where a row saw no key
         m_o = gl.convert_layout(m_i, row_o)
         lse = gl.where(l_o == 0, -float("inf"), m_o + gl.log2(l_o))
+        if poisoned is not None:
+            lse = gl.where(poisoned != 0, float("nan"), lse)
         gl.store(lse_ptr + (out_row0 + m0 + rows) * Q_HEADS + head, lse, mask=in_seq)
 
 
@@ -487,6 +493,20 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, schedule, seq_q, seq_kv, o
 
 
 @gluon.jit
+def _find_sequence(qo_indptr, num_seqs, slot):
+    """The sequence that owns item slot `slot`: the last s with first(s) <= slot."""
+    lo = 0
+    hi = num_seqs
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if gl.load(qo_indptr + mid) // (2 * HALF_M) + mid <= slot:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@gluon.jit
 def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left=-1,
                  WINDOW: gl.constexpr = False):
     """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile) of
@@ -496,14 +516,7 @@ def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window
     holds the block's first row's first key (its position minus window_left)."""
     slot = num_slots - 1 - item // Q_HEADS
     head = item % Q_HEADS
-    lo = 0
-    hi = num_seqs
-    while lo + 1 < hi:  # the last s with first(s) <= slot
-        mid = (lo + hi) // 2
-        if gl.load(qo_indptr + mid) // (2 * HALF_M) + mid <= slot:
-            lo = mid
-        else:
-            hi = mid
+    lo = _find_sequence(qo_indptr, num_seqs, slot)
     q_start = gl.load(qo_indptr + lo)
     q_len = gl.load(qo_indptr + lo + 1) - q_start
     kv_start = gl.load(kv_indptr + lo)
@@ -524,13 +537,15 @@ def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window
 
 
 @gluon.jit
-def _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile):
+def _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile, poisoned=0):
     """The ragged producer warp: an item's numbers into shared memory for the consumers, one a
-    lane (written before the item's Q is armed: they read them once its barrier completes)."""
+    lane (written before the item's Q is armed: they read them once its barrier completes).
+    poisoned (paged): the item's rows come out NaN."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     i = gl.arange(0, 32, layout=layout)
     numbers = gl.where(i == 0, head, gl.where(i == 1, q_start, gl.where(i == 2, q_len, gl.where(
-        i == 3, kv_len, gl.where(i == 4, m0, gl.where(i == 5, num_tiles, first_tile))))))
+        i == 3, kv_len, gl.where(i == 4, m0, gl.where(i == 5, num_tiles, gl.where(
+            i == 6, first_tile, poisoned)))))))
     item_smem.store(numbers)
 
 
@@ -547,7 +562,8 @@ def _get_item(item_smem):
     m0 = gl.sum(gl.where(i == 4, numbers, 0), axis=0)
     num_tiles = gl.sum(gl.where(i == 5, numbers, 0), axis=0)
     first_tile = gl.sum(gl.where(i == 6, numbers, 0), axis=0)
-    return head, q_start, q_len, kv_len, m0, num_tiles, first_tile
+    poisoned = gl.sum(gl.where(i == 7, numbers, 0), axis=0)
+    return head, q_start, q_len, kv_len, m0, num_tiles, first_tile, poisoned
 
 
 @gluon.jit
@@ -668,7 +684,7 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
     count = 0
     for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
         mbarrier.wait(q_full, count & 1)  # the item's numbers are written
-        head, q_start, q_len, kv_len, m0, num_tiles, first_tile = _get_item(item_smem)
+        head, q_start, q_len, kv_len, m0, num_tiles, first_tile, _ = _get_item(item_smem)
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
@@ -737,6 +753,180 @@ def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty,
                      window_left, 1)
 
 
+# ---- Page size 64 (gluon_paged_fwd) --------------------------------------------------------------
+# The ragged kernel over a paged cache [pages, 64, 8, 128]: kv_indptr counts kv_indices entries
+# (pages), a sequence's keys are (pages - 1) x 64 + kv_last_page_len[s], and a key tile is two
+# pages, each one TMA box of 64 rows from a flat view of the cache ([rows, 8 x 128], page p from
+# row p x rows_per_page: page strides that are whole tokens). A page id outside [0, num_pages)
+# (or a tile's second page past the sequence) is read from row -64, outside the view: TMA fills
+# K with NaN (the K descriptor's padding), so every row that sees a key there comes out NaN,
+# and V with zeros. A sequence's last V tile, when partial, comes in by cp.async from its pages
+# (zeros past its keys: the slots past the last page's length may hold anything). A sequence
+# with pages whose last length is outside [1, 64] computes nothing and its rows come out NaN.
+
+
+@gluon.jit
+def _paged_item(item, num_slots, qo_indptr, kv_indptr, kv_last_page_len, num_seqs):
+    """_ragged_item's numbers for a causal paged batch, kv_start the sequence's first
+    kv_indices entry, and poisoned (1: a bad last-page length, no key tiles)."""
+    slot = num_slots - 1 - item // Q_HEADS
+    head = item % Q_HEADS
+    lo = _find_sequence(qo_indptr, num_seqs, slot)
+    q_start = gl.load(qo_indptr + lo)
+    q_len = gl.load(qo_indptr + lo + 1) - q_start
+    kv_start = gl.load(kv_indptr + lo)
+    pages = gl.load(kv_indptr + lo + 1) - kv_start
+    last = gl.load(kv_last_page_len + lo)
+    last_ok = (pages == 0) | ((last >= 1) & (last <= PAGE))
+    kv_len = gl.where(last_ok & (pages > 0), (pages - 1) * PAGE + last, 0)
+    m0 = (slot - (q_start // (2 * HALF_M) + lo)) * (2 * HALF_M)
+    last_key = m0 + 2 * HALF_M - 1 + kv_len - q_len
+    num_tiles = gl.maximum(gl.minimum((kv_len + KV_BLOCK - 1) // KV_BLOCK,
+                                      (last_key + KV_BLOCK) // KV_BLOCK), 0)  # fmt: skip
+    if m0 >= q_len:
+        num_tiles = 0
+    return head, q_start, q_len, kv_start, kv_len, m0, num_tiles, gl.where(last_ok, 0, 1)
+
+
+@gluon.jit
+def _page_row(kv_indices, entry, listed, num_pages, rows_per_page):
+    """The flat view's row of page kv_indices[entry]'s first slot, or -PAGE (nothing read) when
+    the entry is not listed or holds an id outside [0, num_pages)."""
+    page = -1
+    if listed:
+        page = gl.load(kv_indices + entry)
+    return gl.where((page >= 0) & (page < num_pages), page * rows_per_page, -PAGE)
+
+
+@gluon.jit
+def _gather_paged_v(v_ptr, v_tile, row0, row1, keys, kv_col):
+    """The producer warp's cp.async of a last V tile of `keys` < KV_BLOCK keys from its two
+    pages (their flat rows row0, row1: _page_row), zeros in its rows from `keys` on and in a
+    page not read, 8 rows a step (one swizzle atom)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
+    r = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
+    for r0 in gl.static_range(0, KV_BLOCK, 8):
+        rows = r0 + r
+        if r0 < PAGE:
+            page_row = row0
+        else:
+            page_row = row1
+        read = (rows < keys) & (page_row >= 0)
+        flat_rows = (page_row + rows % PAGE).to(gl.int64)
+        ptrs = v_ptr + (flat_rows * (KV_HEADS * DIM) + kv_col)[:, None] + c[None, :]
+        async_copy.async_copy_global_to_shared(v_tile.slice(r0, 8), ptrs, mask=read[:, None])
+
+
+@gluon.jit
+def _load_paged_tiles(k_desc, v_desc, v_ptr, kv_indices, k_smem, v_smem, k_full, k_empty,
+                      v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, num_pages,
+                      k_rows_per_page, v_rows_per_page):
+    """The producer's loads of an item's num_tiles key tiles through the ring from its tile
+    `tile`: two page boxes for each of K and V; a partial last V tile by _gather_paged_v."""
+    kv_col = (head // (Q_HEADS // KV_HEADS)) * DIM
+    pages = (kv_len + PAGE - 1) // PAGE
+    for i in range(num_tiles):
+        stage = (tile + i) % RING
+        phase = ((tile + i) // RING) & 1
+        entry = kv_start + 2 * i
+        second = 2 * i + 1 < pages
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_full.index(stage), 2 * k_desc.block_type.nbytes)
+        k_tile = k_smem.index(stage)
+        row0 = _page_row(kv_indices, entry, True, num_pages, k_rows_per_page)
+        row1 = _page_row(kv_indices, entry + 1, second, num_pages, k_rows_per_page)
+        tma.async_copy_global_to_shared(k_desc, [row0, kv_col], k_full.index(stage),
+                                        k_tile.slice(0, PAGE))
+        tma.async_copy_global_to_shared(k_desc, [row1, kv_col], k_full.index(stage),
+                                        k_tile.slice(PAGE, PAGE))
+        if v_rows_per_page != k_rows_per_page:
+            row0 = _page_row(kv_indices, entry, True, num_pages, v_rows_per_page)
+            row1 = _page_row(kv_indices, entry + 1, second, num_pages, v_rows_per_page)
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        v_tile = v_smem.index(stage)
+        keys = kv_len - i * KV_BLOCK
+        if keys < KV_BLOCK:
+            _gather_paged_v(v_ptr, v_tile, row0, row1, keys, kv_col)
+            async_copy.mbarrier_arrive(v_full.index(stage))
+            mbarrier.arrive(v_full.index(stage))
+        else:
+            mbarrier.expect(v_full.index(stage), 2 * v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [row0, kv_col], v_full.index(stage),
+                                            v_tile.slice(0, PAGE))
+            tma.async_copy_global_to_shared(v_desc, [row1, kv_col], v_full.index(stage),
+                                            v_tile.slice(PAGE, PAGE))
+
+
+@gluon.jit
+def _paged_producer(q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_full, q_empty,
+                    k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                    kv_indices, kv_last_page_len, num_seqs, num_slots, total_q, num_entries,
+                    num_pages, k_rows_per_page, v_rows_per_page):
+    """_ragged_producer over a paged batch (_paged_item, _load_paged_tiles). If the indptr
+    arrays are not a partition (kv_indptr's of num_entries kv_indices entries), every item goes
+    to the consumers empty and the FA-2 kernel launched after this one takes the batch."""
+    batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, num_entries, 1)
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+        head, q_start, q_len, kv_start, kv_len, m0, num_tiles, poisoned = _paged_item(
+            item, num_slots, qo_indptr, kv_indptr, kv_last_page_len, num_seqs)
+        if not batch_ok:  # m0 + r < q_len never holds: no row stored
+            q_start = 0
+            q_len = 0
+            m0 = 0
+            num_tiles = 0
+        mbarrier.wait(q_empty, (count & 1) ^ 1)
+        _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, 0, poisoned)
+        if batch_ok:
+            _load_q(q_desc, q_smem, q_full, q_start + m0, head)  # (its arrive releases them)
+        else:
+            mbarrier.arrive(q_full)
+        _load_paged_tiles(k_desc, v_desc, v_ptr, kv_indices, k_smem, v_smem, k_full, k_empty,
+                          v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, num_pages,
+                          k_rows_per_page, v_rows_per_page)  # fmt: skip
+        tile += num_tiles
+        count += 1
+
+
+@gluon.jit
+def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                    turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                    pingpong, wg):
+    """_ragged_consumer over a paged batch: causal, and an item's poison flag honoured."""
+    cols, rows, dims = _index_ranges()
+    tile = 0
+    count = 0
+    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+        mbarrier.wait(q_full, count & 1)  # the item's numbers are written
+        head, q_start, q_len, kv_len, m0, num_tiles, _, poisoned = _get_item(item_smem)
+        _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                      turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
+                      kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
+                      1, pingpong, wg, cols, rows, dims, True, poisoned=poisoned)  # fmt: skip
+        tile += num_tiles
+        count += 1
+
+
+@gluon.jit
+def _paged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                      turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                      pingpong):
+    _paged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                    v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                    out_row_stride, pingpong, 0)
+
+
+@gluon.jit
+def _paged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                      turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                      pingpong):
+    _paged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                    v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                    out_row_stride, pingpong, 1)
+
+
 @gluon.jit
 def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, WARPS: gl.constexpr):
     """Both indptr arrays start at 0, end at their row count and never decrease (ragged_batch.
@@ -754,6 +944,36 @@ def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, WARPS: gl.c
             kv_indptr + i, mask=in_batch, other=0)
         ok = ok & (gl.min(gl.minimum(q_step, kv_step), axis=0) >= 0)
     return ok
+
+
+@gluon.jit
+def _flat_ring(q_desc, k_desc, v_desc):
+    """The ragged and paged kernels' shared memory: Q's two halves, the K / V ring of flat
+    [KV_BLOCK, DIM] tiles (the descriptors' layouts), and their barriers, initialized (full:
+    the producer's one arrival and its bytes; empty: one arrival a consumer warpgroup; turns:
+    pingpong's)."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], v_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    k_full = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_layout)
+    v_full = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_layout)
+    mbarrier.init(q_full, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    mbarrier.init(turns.index(0), count=1)
+    mbarrier.init(turns.index(1), count=1)
+    for s in gl.static_range(RING):
+        mbarrier.init(k_full.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)
+        mbarrier.init(v_full.index(s), count=1)
+        mbarrier.init(v_empty.index(s), count=2)
+    return q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns
 
 
 # window_left changes from call to call under one plan (its compiled kernel cached): not
@@ -777,27 +997,8 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
     num_slots = total_q // BLOCK_M + num_seqs
     if WINDOW:  # (the ragged kernel's producer decides on its own)
         batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 4).to(gl.int32)
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    mbarrier.init(q_full, count=1)
-    mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    mbarrier.init(turns.index(0), count=1)
-    mbarrier.init(turns.index(1), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_full.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)
-        mbarrier.init(v_full.index(s), count=1)
-        mbarrier.init(v_empty.index(s), count=2)
+    q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = (
+        _flat_ring(q_desc, k_desc, v_desc))
     # Partitions take no constexpr: the window's are their own functions.
     if WINDOW:
         consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
@@ -827,6 +1028,39 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
                            [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
 
 
+@gluon.jit
+def gluon_paged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
+                    kv_indices, kv_last_page_len, num_seqs, total_q, num_entries, num_pages,
+                    k_rows_per_page, v_rows_per_page, out_row_stride, qk_scale, pingpong,
+                    NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMER_REGISTERS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr):
+    """gluon_ragged_fwd's structure over a causal paged batch of page size 64 (the section
+    above): q_desc as the ragged kernel's, k_desc / v_desc view the caches flat ([rows, 8 x
+    HEAD_DIM], boxes of one page: 64 rows; K's padding NaN, V's zeros); v_ptr is v_cache, for
+    the last tiles' copies. kv_indptr indexes kv_indices (num_entries entries) of page ids
+    below num_pages, page p at flat row p x k_rows_per_page (v_rows_per_page). Writes out and
+    lse as the ragged kernel does."""
+    gl.static_assert(BLOCK_M == 2 * HALF_M)
+    gl.static_assert(BLOCK_N == KV_BLOCK and BLOCK_N == 2 * PAGE)
+    gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
+    num_slots = total_q // BLOCK_M + num_seqs
+    q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = (
+        _flat_ring(q_desc, k_desc, v_desc))
+    item_smem = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                     pingpong)  # fmt: skip
+    producer_args = (q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_full, q_empty,
+                     k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                     kv_indices, kv_last_page_len, num_seqs, num_slots, total_q, num_entries,
+                     num_pages, k_rows_per_page, v_rows_per_page)  # fmt: skip
+    gl.warp_specialize([(_paged_consumer_0, consumer_args),
+                        (_paged_consumer_1, consumer_args),
+                        (_paged_producer, producer_args)],
+                       [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
+
+
 def tma_readable(x) -> bool:
     """Whether TMA can read x [batch, seq, heads, HEAD_DIM] as [batch, seq, heads x HEAD_DIM]
     with x's own strides (a slice of a fused QKV projection keeps its token stride): unit steps
@@ -846,6 +1080,7 @@ CONSTEXPRS = dict(NUM_HEADS=NUM_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, BLOCK_M=BLOCK_
 # named: _cached_launch passes a compiled kernel all of them, defaults included.
 RAGGED_CONSTEXPRS = dict(CONSTEXPRS, WINDOW=False)
 WINDOW_CONSTEXPRS = dict(CONSTEXPRS, WINDOW=True)
+PAGED_CONSTEXPRS = CONSTEXPRS
 
 
 @functools.lru_cache(maxsize=None)
@@ -857,6 +1092,14 @@ def _layouts(dtype: torch.dtype) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
+def _paged_layouts(dtype: torch.dtype) -> tuple:
+    """The paged kernel's: Q's half tiles and one page's K / V box (64 rows)."""
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, HEAD_DIM], element),
+            gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], element))
+
+
+@functools.lru_cache(maxsize=None)
 def _ragged_layouts(dtype: torch.dtype) -> tuple:
     """The ragged kernel's: Q's half tiles and flat K / V tiles."""
     element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
@@ -864,13 +1107,13 @@ def _ragged_layouts(dtype: torch.dtype) -> tuple:
             gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], element))
 
 
-def _descriptor(base, shape, strides, block_shape, layout) -> TensorDescriptor:
+def _descriptor(base, shape, strides, block_shape, layout, padding="zero") -> TensorDescriptor:
     """A TensorDescriptor without the checks of its constructor (a third of launch_args' host
     time): run_padded's plan and check_placement made them (tma_readable, 16-byte bases,
-    positive sizes)."""
+    positive sizes). padding: what TMA writes for rows outside the view ("zero", "nan")."""
     descriptor = object.__new__(TensorDescriptor)
     descriptor.base, descriptor.shape, descriptor.strides = base, shape, strides
-    descriptor.block_shape, descriptor.layout, descriptor.padding = block_shape, layout, "zero"
+    descriptor.block_shape, descriptor.layout, descriptor.padding = block_shape, layout, padding
     return descriptor
 
 
@@ -967,3 +1210,40 @@ def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
     return (q_desc, k_desc, v_desc, v, out, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
             v.stride(0), out.stride(0), qk_scale, 1, int(pingpong),
             -1 if window_left is None else window_left)  # fmt: skip
+
+
+def page_rows(cache) -> int:
+    """Rows of the flat view ([rows, 8 x HEAD_DIM]) between two pages of a [pages, 64, 8, 128]
+    cache, or 0 when its page stride is not whole tokens (the paged kernel cannot view it)."""
+    token = NUM_KV_HEADS * HEAD_DIM
+    return cache.stride(0) // token if cache.stride(0) % token == 0 else 0
+
+
+def paged_suits(k_cache, v_cache) -> bool:
+    """Whether gluon_paged_fwd can read these caches: tokens dense within a page (the layout
+    check), page strides of whole tokens, and every flat row index below 2**31."""
+    num_pages = k_cache.shape[0]
+    return all(
+        page_rows(cache) > 0 and (num_pages - 1) * page_rows(cache) + PAGE_SIZE < 2**31
+        for cache in (k_cache, v_cache)
+    )
+
+
+def paged_launch_args(q, k_cache, v_cache, out, lse, qo_indptr, kv_indptr, kv_indices,
+                      kv_last_page_len, batch, qk_scale, pingpong=False) -> tuple:  # fmt: skip
+    """The run-time arguments of gluon_paged_fwd for q [total_q, 32, 128] (tma_readable rows),
+    caches [pages, 64, 8, 128] (paged_suits), out [total_q, 32, 128], lse [total_q, 32], the
+    indptr arrays of `batch` sequences, kv_indices and kv_last_page_len. The caches are viewed
+    flat, down to the last page's last row; K's rows outside the view read as NaN, V's as 0."""
+    q_layout, kv_layout = _paged_layouts(q.dtype)
+    total_q, num_pages, columns = q.shape[0], k_cache.shape[0], NUM_KV_HEADS * HEAD_DIM
+    q_desc = _descriptor(q, [total_q, NUM_HEADS * HEAD_DIM], [q.stride(0), 1],
+                         [BLOCK_M // 2, HEAD_DIM], q_layout)  # fmt: skip
+    k_rows, v_rows = page_rows(k_cache), page_rows(v_cache)
+    k_desc = _descriptor(k_cache, [(num_pages - 1) * k_rows + PAGE_SIZE, columns], [columns, 1],
+                         [PAGE_SIZE, HEAD_DIM], kv_layout, "nan")  # fmt: skip
+    v_desc = _descriptor(v_cache, [(num_pages - 1) * v_rows + PAGE_SIZE, columns], [columns, 1],
+                         [PAGE_SIZE, HEAD_DIM], kv_layout)  # fmt: skip
+    return (q_desc, k_desc, v_desc, v_cache, out, lse, qo_indptr, kv_indptr, kv_indices,
+            kv_last_page_len, batch, total_q, kv_indices.shape[0], num_pages, k_rows, v_rows,
+            out.stride(0), qk_scale, int(pingpong))  # fmt: skip

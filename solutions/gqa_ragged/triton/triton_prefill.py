@@ -308,6 +308,13 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     )
     check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
+    if (page_size == 64 and cache_dtype is None and not config and num_pages > 0
+            and _gluon_suits(q, None, None, tensors[7], tokens_per_seq, num_kv_indices)
+            and gluon_attention.paged_suits(k_cache, v_cache)):  # fmt: skip
+        # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
+        fa2 = _plan_paged(page_size, tensors, config=_GLUON_FALLBACK)
+        return GluonPagedPlan((batch, gluon_attention.ragged_grid(batch, total_q,
+                                                                  _sm_count(q.device)), fa2, {}))
     meta = dict(
         config
         or _launch_config(
@@ -333,8 +340,8 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     meta.update(Q_TOKEN_STRIDE=token_stride(q), K_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM,
                 V_TOKEN_STRIDE=NUM_KV_HEADS * HEAD_DIM, PAGE_SIZE=page_size,
                 K_PAGE_STRIDE=k_cache.stride(0), V_PAGE_STRIDE=v_cache.stride(0))  # fmt: skip
-    meta["KV_SPLITS"] = _plan_splits(meta, tokens_per_seq, batch, num_kv_indices * page_size,
-                                     q.device)  # fmt: skip
+    meta["KV_SPLITS"] = 1 if meta.get("MALFORMED_ONLY") else _plan_splits(
+        meta, tokens_per_seq, batch, num_kv_indices * page_size, q.device)  # fmt: skip
     return _split_grid(meta, grid), meta, batch, total_q, num_kv_indices, num_pages, {}
 
 
@@ -357,6 +364,11 @@ class GluonRaggedPlan(tuple):
     batches, runners, window: the kernel with the sliding window)."""
 
 
+class GluonPagedPlan(tuple):
+    """A page size 64 call's plan for the Gluon kernel (gluon_paged_fwd): (batch, grid, the
+    FA-2 plan for malformed batches, runners)."""
+
+
 class GluonPlan(tuple):
     """A padded call's plan for the Gluon kernel (gluon_attention.py): (seq_q, seq_kv, causal,
     grid, runners, the CTAs' items: padded_schedule on q's device)."""
@@ -373,15 +385,16 @@ GLUON_MIN_WINDOW = 2048
 
 
 def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
-    """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v, int32
-    output offsets, sequences of GLUON_MIN_TOKENS queries on average."""
+    """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v (k, v
+    None: a paged call, whose caches paged_suits judges), int32 output offsets, sequences of
+    GLUON_MIN_TOKENS queries on average."""
     if gluon_attention is None or INTERPRET or q.device.type != "cuda":
         return False
     if tokens_per_seq < GLUON_MIN_TOKENS or total_kv == 0:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if not all(gluon_attention.tma_readable(x[None]) for x in (q, k, v)):
+    if not all(gluon_attention.tma_readable(x[None]) for x in (q, k, v) if x is not None):
         return False
     return q.shape[0] * out.stride(0) < 2**31
 
@@ -594,6 +607,14 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
 def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                  sm_scale, output, lse, v_scale=None):  # fmt: skip
     """v_scale: a float for FP8 caches (a plan of _fp8_plans), else None."""
+    if isinstance(plan, GluonPagedPlan):
+        batch, grid, fa2, runners = plan
+        args = gluon_attention.paged_launch_args(q, k_cache, v_cache, output, lse, qo_indptr,
+                                                 kv_indptr, kv_indices, kv_last_page_len, batch,
+                                                 sm_scale * LOG2_E)  # fmt: skip
+        _cached_launch(gluon_attention.gluon_paged_fwd, grid,
+                       lambda: gluon_attention.PAGED_CONSTEXPRS, runners, q.get_device(), args)
+        plan = fa2  # does nothing unless the batch is malformed
     grid, meta, batch, total_q, num_kv_indices, num_pages, runners = plan
     if total_q == 0:
         return  # no query row: nothing to write

@@ -26,7 +26,10 @@ each for themselves), the output's LSE stored, a sequence's partial last V tile 
 zeros past its keys, and batches whose indptr arrays are not a partition left to the FA-2
 kernel launched after it. With WINDOW it serves the sliding window (run_ragged_swa's wider
 windows): an item reads only the key tiles its rows' bands meet, masked on the band's left
-edge and on the diagonal.
+edge and on the diagonal. gluon_paged_fwd is the ragged kernel over a paged cache of page
+size 64 (run_paged_ps64's kernel for long sequences): each key tile two TMA boxes of one page
+from a flat view of the cache, a page id out of range read as NaN keys (so the rows that see
+it come out NaN), a bad last-page length poisoning its sequence's rows.
 
 Measured on the H100 against FlashInfer fa3 (triton/TUNING.md, "Gluon").
 """

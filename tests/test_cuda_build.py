@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill_bundle import arguments
+from prefill_bundle import REPO_ROOT, arguments
 from prefill_bundle.cuda_build import RESOURCES_MD, ptxas_report
 from prefill_bundle.testing import build_solution, load_script
 
@@ -247,6 +247,26 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, objects):
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]] and "LDGSTS" in functions[portable[0]]
 
+
+@needs_nvcc
+def test_page_gather_benchmark_compiles_with_tma_row_boxes(tmp_path):
+    """scripts/page_gather_bench.cu (cuda/TUNING.md, page size 1 by TMA boxes of one row)
+    builds for sm_90a, and its TMA variants are what it measures: UTMALDG in a loop over the
+    warp's lanes (BRA.U.ANY: the coordinates go through uniform registers), its cp.async
+    variant 16-byte LDGSTS."""
+    binary = tmp_path / "page_gather_bench"
+    subprocess.run([NVCC, "-O3", "-arch=sm_90a", "-std=c++17", "-Wno-deprecated-declarations",
+                    "-o", str(binary), str(REPO_ROOT / "scripts" / "page_gather_bench.cu")],
+                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    functions = sass_by_function(cuobjdump, binary)
+    by_method = {m: next(body for name, body in functions.items() if f"ILi{m}E" in name)
+                 for m in range(5)}  # fmt: skip
+    assert "LDGSTS.E.BYPASS.128" in by_method[0] and "UTMALDG" not in by_method[0]
+    for method in (1, 3):
+        assert "UTMALDG.3D" in by_method[method] and "BRA.U.ANY" in by_method[method]
 
 @needs_nvcc
 def test_window_kernels_are_the_causal_ones(compiled, objects):

@@ -1,0 +1,81 @@
+"""On the GPU: the SM clock, power draw and throttle reasons while each mini solution runs back
+to back for 4 s on two long shapes (and cuBLAS's bf16 GEMM 8192^3 beside them), sampled by
+nvidia-smi every 100 ms, the steady state's medians, two rounds in ABBA order. On the H200 every
+kernel ran at the software power cap (cuda/TUNING.md, "The long shapes run at the card's power
+cap"): TF/s per GHz is then a kernel's cycle efficiency, the clock what its power allows.
+
+    python scripts/power_cap.py
+"""
+
+import statistics
+import subprocess
+import time
+
+import torch
+
+from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
+from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, poisoned_outputs
+
+SOLUTIONS = ["flashinfer_mini", "cuda_mini", "tilelang_mini", "triton_mini"]
+SHAPES = [(1, 16384, False), (8, 2048, True)]
+QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.sw_power_cap"
+
+
+def sample(fn, seconds: float = 4.0) -> tuple:
+    """fn run back to back for `seconds`: (ms a call, median SM MHz, median W, last temperature,
+    samples with the power cap active, samples) over the last two thirds of the samples."""
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.3)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, t0 = 0, time.perf_counter()
+    start.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(4):
+            fn()
+        calls += 4
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    smi.terminate()
+    rows = [line.split(", ") for line in smi.communicate()[0].splitlines() if line.count(",") == 3]
+    rows = rows[len(rows) // 3 :]  # the steady state
+    capped = sum(row[3].strip() == "Active" for row in rows)
+    mhz = statistics.median(float(r[0]) for r in rows)
+    watts = statistics.median(float(r[1]) for r in rows)
+    return start.elapsed_time(end) / calls, mhz, watts, rows[-1][2], capped, len(rows)
+
+
+def row(label: str, name: str, flops: float, fn) -> str:
+    ms, mhz, watts, temperature, capped, samples = sample(fn)
+    tflops = flops / ms / 1e9
+    return (f"| {label} | {name} | {ms:.3f} | {tflops:.0f} | {mhz:.0f} | {watts:.0f} | "
+            f"{tflops / mhz * 1000:.0f} | {capped}/{samples} | {temperature} |")  # fmt: skip
+
+
+def main():
+    runnables = {name: build_solution(name) for name in SOLUTIONS}
+    print("| shape | kernel | ms a call | TF/s | SM MHz | W | TF/s per GHz | power-capped samples "
+          "| C |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for batch, length, causal in SHAPES:
+        case = PaddedCase(batch, length, length, causal)
+        inputs = make_inputs(case, "cuda", seed=0)
+        flops = FLOPS_PER_PAIR * batch * visible_pairs(length, length, causal)
+        label = f"{batch}x{length} {'causal' if causal else 'non-causal'}"
+        for round_ in range(2):
+            for name in SOLUTIONS if round_ == 0 else SOLUTIONS[::-1]:
+                fn = runnables[name]
+                dps = fn.metadata.destination_passing_style
+                args = inputs + (poisoned_outputs(case, inputs) if dps else [])
+                print(row(f"{label}, round {round_ + 1}", name, flops, lambda: fn(*args)),
+                      flush=True)  # fmt: skip
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    print(row("GEMM 8192^3", "cuBLAS bf16", 2 * 8192**3, lambda: a @ b))
+
+
+if __name__ == "__main__":
+    main()

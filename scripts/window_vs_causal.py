@@ -47,15 +47,16 @@ def pairs(batch) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def triton_gluon_thresholds() -> tuple:
-    """(GLUON_MIN_WINDOW, GLUON_MIN_TOKENS) of the Triton solution's entry (triton_prefill)."""
+    """(GLUON_MIN_WINDOW, GLUON_MIN_RAGGED_TOKENS) of the Triton solution's entry
+    (triton_prefill)."""
     entry = entry_module("triton_swa")
-    return entry.GLUON_MIN_WINDOW, entry.GLUON_MIN_TOKENS
+    return entry.GLUON_MIN_WINDOW, entry.GLUON_MIN_RAGGED_TOKENS
 
 
 def tiles(batch, backend: str) -> tuple:
     """TILES, but Triton's Gluon kernel (128 query tokens of one head, 128 keys) where
     triton_prefill plans it on an H100: windows from GLUON_MIN_WINDOW, sequences of
-    GLUON_MIN_TOKENS queries on average."""
+    GLUON_MIN_RAGGED_TOKENS queries on average."""
     if backend == "triton":
         min_window, min_tokens = triton_gluon_thresholds()
         if batch.window_left >= min_window and sum(batch.q_lens) >= min_tokens * len(batch.q_lens):

@@ -117,7 +117,8 @@ def test_gluon_window_kernel_compiles_for_sm90a_with_three_loops_a_warpgroup():
 
 # ---- On the GPU: run_padded's Gluon path against the fp32 reference ----------------------------
 
-# Short sequences for the edges: the tests lower GLUON_MIN_TOKENS so the Gluon path takes them.
+# Short sequences for the edges: the tests lower GLUON_MIN_TOKENS (GLUON_MIN_RAGGED_TOKENS) so the
+# Gluon path takes them.
 GLUON_CASES = [
     PaddedCase(1, 128, 128, True),
     PaddedCase(1, 1024, 1024, True),
@@ -136,6 +137,7 @@ def _gluon_from_one_token(monkeypatch, name: str, plans: str) -> tuple:
     runnable = build_solution(name)
     module = entry_module(runnable)
     monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_RAGGED_TOKENS", 1)
     monkeypatch.setattr(module, plans, module.PlanCache())
     return runnable, module
 
@@ -285,7 +287,7 @@ GLUON_PAGED_CASES = [
 def gluon_paged_solution(monkeypatch):
     runnable = build_solution("triton_paged_ps64")
     module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_RAGGED_TOKENS", 1)
     monkeypatch.setattr(module, "_paged_plans", {1: module.PlanCache(), 64: module.PlanCache()})
     return runnable, module
 
@@ -374,7 +376,7 @@ GLUON_WINDOW_CASES = [
 def gluon_window_solution(monkeypatch):
     runnable = build_solution("triton_swa")
     module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_RAGGED_TOKENS", 1)
     monkeypatch.setattr(module, "GLUON_MIN_WINDOW", 0)
     monkeypatch.setattr(module, "_window_plans", module.PlanCache())
     return runnable, module
@@ -599,6 +601,54 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     assert args[-1] == 37 and fa2_args[-1] == 37
     assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]
 
+
+def test_gluon_paged_launch_glue_on_the_host(monkeypatch):
+    """run_paged_ps64's Gluon branch up to the launches (CPU tensors, the launches recorded):
+    the plan takes it for caches whose page strides are whole tokens (FlashInfer's K / V
+    halves: 128 flat rows a page) and not otherwise; flat descriptors down to the last page's
+    last row, K's padding NaN and V's zeros, one page a box; the run-time arguments in order;
+    then the FA-2 kernel planned for malformed batches only."""
+    runnable = build_solution("triton_paged_ps64")
+    module = entry_module(runnable)
+    monkeypatch.setattr(module, "INTERPRET", True)  # CPU tensors pass the placement check
+    monkeypatch.setattr(module, "_gluon_suits", lambda *args: True)
+    case = PagedCase((600, 400), (700, 900), 64)
+    q, k_cache, v_cache, *tables, sm_scale = make_inputs(case, "cpu", seed=1)
+    halves = torch.empty(k_cache.shape[0], 2, *k_cache.shape[1:], dtype=q.dtype)
+    halves[:, 0], halves[:, 1] = k_cache, v_cache
+    k_cache, v_cache = halves[:, 0], halves[:, 1]
+    output, lse = torch.empty_like(q), torch.empty(q.shape[:2])
+    tensors = (q, k_cache, v_cache, *tables, output, lse)
+    plan = module._plan_paged(64, tensors)
+    assert isinstance(plan, module.GluonPagedPlan) and plan[2][1]["MALFORMED_ONLY"]
+    # Pages 64 tokens and 8 elements apart (the contract's least page-stride step): not whole
+    # tokens, so no flat view.
+    padded = torch.empty(k_cache.shape[0], 64 * 1024 + 8, dtype=q.dtype)[:, : 64 * 1024]
+    padded = padded.view(-1, 64, 8, 128)
+    assert not isinstance(module._plan_paged(64, (q, padded, padded, *tables, output, lse)),
+                          module.GluonPagedPlan)  # fmt: skip
+    launches = []
+    monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
+    module.launch_paged(plan, q, k_cache, v_cache, *tables, sm_scale, output, lse)
+    (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
+        launches
+    )
+    ga = module.gluon_attention
+    assert kernel is ga.gluon_paged_fwd and constexprs() == ga.CONSTEXPRS
+    assert grid == ga.ragged_grid(2, 1000, module._sm_count(q.device))
+    q_desc, k_desc, v_desc = args[:3]
+    pages = k_cache.shape[0]
+    assert (q_desc.shape, q_desc.block_shape) == ([1000, 4096], [64, 128])
+    assert (k_desc.shape, k_desc.strides, k_desc.block_shape, k_desc.padding) == (
+        [(pages - 1) * 128 + 64, 1024], [1024, 1], [64, 128], "nan")
+    assert (v_desc.shape, v_desc.padding) == ([(pages - 1) * 128 + 64, 1024], "zero")
+    assert k_desc.base is k_cache and v_desc.base is v_cache and args[3] is v_cache
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_len = tables
+    assert args[4:] == (output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, 2, 1000,
+                        kv_indices.shape[0], pages, 128, 128, 4096, sm_scale * module.LOG2_E,
+                        0)  # fmt: skip
+    assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
+    assert fa2_args[:9] == (q, k_cache, v_cache, output, lse, *tables)
 
 @pytest.mark.parametrize("window_left", [None, 7])
 def test_the_malformed_only_plan_leaves_a_partition_alone_and_takes_a_malformed_batch(

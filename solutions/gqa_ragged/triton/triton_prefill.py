@@ -378,6 +378,13 @@ class GluonPlan(tuple):
 # its launch costs ~13 us more host time than the FA-2 kernel's (three TMA descriptors encoded),
 # which flashinfer-bench counts; below, that outweighs its faster kernel (TUNING.md, "Gluon").
 GLUON_MIN_TOKENS = 1024
+# ... and ragged, paged and window batches from this many queries a sequence on average (the
+# host cannot see the lengths: indptr stays on the GPU). H200, 2026-11-29 (19): a batch of 1 to
+# 4096 tokens a sequence, 804 on average, 0.77 -> 0.88x FlashInfer on the Gluon kernel; two
+# chunks of 512 and 256 queries (384 on average, an 80 us call) 0.88 -> 0.76x (its descriptors'
+# host time); page size 64, 8 x 256 queries over 4.5K keys, 0.94 -> 0.84x in kernel time
+# (TUNING.md, "Gluon for page size 64").
+GLUON_MIN_RAGGED_TOKENS = 512
 # ... and the window plans from this window_left (16 key tiles) on: with narrower windows (1024)
 # the FA-2 window kernel measured as fast or faster (4 prompts of 1-3K: 0.91x FlashInfer against
 # the Gluon kernel's 0.84; TUNING.md, "Gluon for the sliding window").
@@ -387,10 +394,10 @@ GLUON_MIN_WINDOW = 2048
 def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
     """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v (k, v
     None: a paged call, whose caches paged_suits judges), int32 output offsets, sequences of
-    GLUON_MIN_TOKENS queries on average."""
+    GLUON_MIN_RAGGED_TOKENS queries on average."""
     if gluon_attention is None or INTERPRET or q.device.type != "cuda":
         return False
-    if tokens_per_seq < GLUON_MIN_TOKENS or total_kv == 0:
+    if tokens_per_seq < GLUON_MIN_RAGGED_TOKENS or total_kv == 0:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False

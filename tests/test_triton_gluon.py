@@ -229,6 +229,15 @@ def test_gluon_ragged_path_keeps_a_nan_in_one_sequence_out_of_the_others(gluon_r
     check_outputs([x[rows] for x in actual], [x[rows] for x in expected])
 
 
+def _every_row_written(runnable, inputs) -> list:
+    """[output, lse] of runnable on inputs, both filled with -7 first: every row must be
+    written (computed or NaN)."""
+    output = torch.full_like(inputs[0], -7.0)
+    lse = torch.full(inputs[0].shape[:2], -7.0, device=inputs[0].device)
+    runnable(*inputs, output, lse)
+    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
+    return [output, lse]
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", MALFORMED_BATCHES, ids=lambda b: b.id)
@@ -239,11 +248,7 @@ def test_gluon_ragged_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_ragg
     runnable, module = gluon_ragged_solution
     inputs = malformed_inputs(batch, "cuda", seed=3)
     _assert_gluon_ragged_plan(module, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
-    runnable(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+    check_malformed_outputs(_every_row_written(runnable, inputs), malformed_expected(batch, inputs))
 
 
 @gpu
@@ -350,11 +355,8 @@ def test_gluon_paged_path_on_malformed_batches(gluon_paged_solution, batch):
     runnable, module = gluon_paged_solution
     inputs = malformed_paged_inputs(batch, "cuda", seed=4)
     _assert_gluon_paged_plan(module, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
-    runnable(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_paged_outputs([output, lse], malformed_paged_expected(batch, inputs))
+    check_malformed_paged_outputs(_every_row_written(runnable, inputs),
+                                  malformed_paged_expected(batch, inputs))  # fmt: skip
 
 
 # ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------
@@ -443,11 +445,7 @@ def test_gluon_window_path_leaves_malformed_batches_to_the_fa2_kernel(gluon_wind
     runnable, module = gluon_window_solution
     inputs = malformed_inputs(batch, "cuda", seed=3)
     _assert_gluon_window_plan(module, inputs)
-    output = torch.full_like(inputs[0], -7.0)
-    lse = torch.full(inputs[0].shape[:2], -7.0, device="cuda")
-    runnable(*inputs, output, lse)
-    assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
-    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+    check_malformed_outputs(_every_row_written(runnable, inputs), malformed_expected(batch, inputs))
 
 
 def test_triton_solution_runs_without_gluon(tmp_path, monkeypatch):

@@ -448,27 +448,8 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, schedule, seq_q, seq_kv, o
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
     num_m_blocks = (seq_q + BLOCK_M - 1) // BLOCK_M
     batch_heads = k_desc.shape[0] * NUM_HEADS
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    mbarrier.init(q_full, count=1)
-    mbarrier.init(q_empty, count=2)  # one arrive a consumer warpgroup
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    mbarrier.init(turns.index(0), count=1)
-    mbarrier.init(turns.index(1), count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(k_full.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)
-        mbarrier.init(v_full.index(s), count=1)
-        mbarrier.init(v_empty.index(s), count=2)
+    q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = _ring(
+        q_desc, k_desc, v_desc, True)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, out_ptr, seq_q, seq_kv, qk_scale, out_row_stride, causal, pingpong,
                      num_m_blocks, batch_heads, schedule)
@@ -592,6 +573,26 @@ def _load_q(q_desc, q_smem, q_full, q_row, head):
 
 
 @gluon.jit
+def _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head, q_start, q_len,
+               kv_len, m0, num_tiles, first_tile, poisoned=0):
+    """The producer's start of its count-th item, once Q's buffer is free: the item's numbers
+    for the consumers (_put_item), then its Q, whose barrier releases them. Not batch_ok (the
+    indptr arrays are not a partition): the consumers get an empty item (no rows, no key tiles:
+    they store nothing). Returns the key tiles to load."""
+    if not batch_ok:  # m0 + r < q_len never holds: no row stored
+        q_start = 0
+        q_len = 0
+        m0 = 0
+        num_tiles = 0
+    mbarrier.wait(q_empty, (count & 1) ^ 1)
+    _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile, poisoned)
+    if batch_ok:
+        _load_q(q_desc, q_smem, q_full, q_start + m0, head)
+    else:
+        mbarrier.arrive(q_full)
+    return num_tiles
+
+@gluon.jit
 def _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty, v_full,
                    v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile, total_kv):
     """The producer's loads of an item's num_tiles key tiles from first_tile, through the ring
@@ -635,17 +636,8 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
     for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
         head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
             item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
-        if not batch_ok:  # m0 + r < q_len never holds: no row stored
-            q_start = 0
-            q_len = 0
-            m0 = 0
-            num_tiles = 0
-        mbarrier.wait(q_empty, (count & 1) ^ 1)
-        _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, first_tile)
-        if batch_ok:
-            _load_q(q_desc, q_smem, q_full, q_start + m0, head)  # (its arrive releases them)
-        else:
-            mbarrier.arrive(q_full)
+        num_tiles = _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head,
+                               q_start, q_len, kv_len, m0, num_tiles, first_tile)  # fmt: skip
         _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
                        v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile,
                        total_kv)  # fmt: skip
@@ -875,17 +867,8 @@ def _paged_producer(q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_ful
     for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
         head, q_start, q_len, kv_start, kv_len, m0, num_tiles, poisoned = _paged_item(
             item, num_slots, qo_indptr, kv_indptr, kv_last_page_len, num_seqs)
-        if not batch_ok:  # m0 + r < q_len never holds: no row stored
-            q_start = 0
-            q_len = 0
-            m0 = 0
-            num_tiles = 0
-        mbarrier.wait(q_empty, (count & 1) ^ 1)
-        _put_item(item_smem, head, q_start, q_len, kv_len, m0, num_tiles, 0, poisoned)
-        if batch_ok:
-            _load_q(q_desc, q_smem, q_full, q_start + m0, head)  # (its arrive releases them)
-        else:
-            mbarrier.arrive(q_full)
+        num_tiles = _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head,
+                               q_start, q_len, kv_len, m0, num_tiles, 0, poisoned)  # fmt: skip
         _load_paged_tiles(k_desc, v_desc, v_ptr, kv_indices, k_smem, v_smem, k_full, k_empty,
                           v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, num_pages,
                           k_rows_per_page, v_rows_per_page)  # fmt: skip
@@ -950,15 +933,19 @@ def _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, WARPS: gl.c
 
 
 @gluon.jit
-def _flat_ring(q_desc, k_desc, v_desc):
-    """The ragged and paged kernels' shared memory: Q's two halves, the K / V ring of flat
-    [KV_BLOCK, DIM] tiles (the descriptors' layouts), and their barriers, initialized (full:
-    the producer's one arrival and its bytes; empty: one arrival a consumer warpgroup; turns:
-    pingpong's)."""
+def _ring(q_desc, k_desc, v_desc, PER_SEQUENCE: gl.constexpr = False):
+    """Every kernel's shared memory: Q's two halves, the K / V ring of [KV_BLOCK, DIM] tiles
+    (PER_SEQUENCE: [1, KV_BLOCK, DIM], as the padded kernel's descriptors give them; the
+    descriptors' layouts), and their barriers, initialized (full: the producer's one arrival
+    and its bytes; empty: one arrival a consumer warpgroup; turns: pingpong's)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], v_desc.layout)
+    if PER_SEQUENCE:
+        k_smem = gl.allocate_shared_memory(dtype, [RING, 1, KV_BLOCK, DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [RING, 1, KV_BLOCK, DIM], v_desc.layout)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [RING, KV_BLOCK, DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_full = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
@@ -1001,7 +988,7 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
     if WINDOW:  # (the ragged kernel's producer decides on its own)
         batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 4).to(gl.int32)
     q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = (
-        _flat_ring(q_desc, k_desc, v_desc))
+        _ring(q_desc, k_desc, v_desc))
     # Partitions take no constexpr: the window's are their own functions.
     if WINDOW:
         consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
@@ -1049,7 +1036,7 @@ def gluon_paged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, 
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
     num_slots = total_q // BLOCK_M + num_seqs
     q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = (
-        _flat_ring(q_desc, k_desc, v_desc))
+        _ring(q_desc, k_desc, v_desc))
     item_smem = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                      turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,

@@ -1,0 +1,51 @@
+"""scripts/issue_bars.py: which workloads each issue's bar covers, and the ratios it judges,
+read from the committed traces the way report.md's are (no GPU)."""
+
+from flashinfer_bench import TraceSet
+
+from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
+from prefill_bundle.testing import load_script
+
+bars_script = load_script("issue_bars")
+
+
+def test_each_bar_covers_the_workloads_its_issue_names():
+    bars = bars_script.bars
+    # 16: every backend >= 0.8 everywhere; >= 4096 KV tokens, CUDA / TileLang 1.1, Triton 0.9.
+    assert bars(PAGED_PS1, "chunked_prefill_2k_over_8k_ps1", "triton") == [(16, 0.8), (16, 0.9)]
+    assert bars(PAGED_PS64, "prefix_cache_hits_8x256_ps64", "tilelang") == [(16, 0.8), (16, 1.1)]
+    assert bars(PAGED_PS64, "prefix_cache_hits_8x256_ps64", "sdpa") == [(16, 0.8)]
+    # 18: 1.3 and 1.0 on the long workloads (16 single-token rows over 4-16K keys are long).
+    assert bars(PAGED_FP8, "single_token_rows_16_fp8kv", "cuda") == [(18, 0.8), (18, 1.3)]
+    assert bars(PAGED_FP8, "fresh_prompt_8k_fp8kv", "triton") == [(18, 0.8), (18, 1.0)]
+    # 17: every window workload, whatever its length.
+    assert bars(SWA, "mixed_short_and_long_window_128", "cuda") == [(17, 1.0)]
+    assert bars(SWA, "prompt_8k_window_1024", "triton") == [(17, 0.8)]
+    # 19: 2K or more tokens a sequence (padded), 4096 or more tokens (ragged); Triton on the
+    # three big padded configurations only; nothing on the short shapes or the FA-2 baselines.
+    assert bars(MINI, "long_b1_q16384_kv16384_noncausal", "tilelang") == [(19, 1.05)]
+    assert bars(MINI, "long_b1_q8192_kv8192_causal", "triton") == [(19, 0.9)]
+    assert bars(MINI, "asymmetric_b4_q128_kv2048_causal", "cuda") == []
+    assert bars(MINI, "medium_b4_q512_kv512_causal", "triton") == []
+    assert bars(RAGGED, "prompt_8k", "cuda") == [(19, 1.05)]
+    assert bars(RAGGED, "prompt_8k", "triton") == []
+    assert bars(RAGGED, "chunked_prefill_with_prefix", "cuda") == []  # 3328 keys
+
+
+def test_ratios_are_report_mds():
+    """Every ratio judged is the one report.md prints for that workload and solution (both from
+    traces/, by separate code), and a FAIL is a ratio under its bar."""
+    found, _ = bars_script.checks(TraceSet.from_path(str(REPO_ROOT)))
+    assert {c.issue for c in found} == {16, 17, 18, 19}
+    report = (REPO_ROOT / "report.md").read_text()
+    tables = {}
+    for section in report.split("\n## ")[1:]:
+        title, *lines = section.split("\n")
+        rows = [line.split(" | ") for line in lines if line.startswith("| ")]
+        if rows:
+            header = [cell.strip("| ") for cell in rows[0]]
+            tables[title] = {r[0].strip("| "): dict(zip(header, r)) for r in rows[1:]}
+    for c in found:
+        cell = tables[c.definition][c.workload][c.solution]
+        assert f"**{c.ratio:.2f}×**" in cell, (c, cell)
+        assert c.ok == (c.ratio >= c.bar)

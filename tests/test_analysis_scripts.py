@@ -1,5 +1,6 @@
-"""scripts/issue_bars.py: which workloads each issue's bar covers, and the ratios it judges,
-read from the committed traces the way report.md's are (no GPU)."""
+"""The analysis scripts that need no GPU: issue_bars.py (which workloads each issue's bar
+covers, and the ratios it judges, read from the committed traces the way report.md's are) and
+item_balance.py (how the Gluon kernels' item orders load the CTAs)."""
 
 from flashinfer_bench import TraceSet
 
@@ -49,3 +50,25 @@ def test_ratios_are_report_mds():
         cell = tables[c.definition][c.workload][c.solution]
         assert f"**{c.ratio:.2f}×**" in cell, (c, cell)
         assert c.ok == (c.ratio >= c.bar)
+
+
+def test_item_balance_counts_the_kernels_items():
+    """scripts/item_balance.py: one work entry per item the Gluon kernels number (slots x 32
+    heads, spare slots 0), key tiles + 1 each; equal items balance alike either way, and a
+    first-free hand-out is never worse than the round robin on the committed workloads."""
+    balance = load_script("item_balance")
+    # Two sequences of 200 and 56 queries over 300 and 56 keys: slots 0-1 (sequence 0) and 2
+    # (sequence 1, starting at token 200 // 128 + 1), 3 slots x 32 heads, the last slot first.
+    work = balance.item_work((200, 56), (300, 56))
+    assert len(work) == (256 // 128 + 2) * 32
+    # slot 3: spare; slot 2: sequence 1 (1 tile); slot 1: sequence 0's block 1 (rows 128-199
+    # see up to key 299: 3 tiles); slot 0: its block 0 (rows 0-127 see up to key 227: 2 tiles).
+    assert work == [0] * 32 + [2] * 32 + [4] * 32 + [3] * 32
+    assert balance.balance((1024,) * 4, (1024,) * 4, 132)[1] <= 1.1
+    equal = balance.item_work((128,) * 33, (128,) * 33)  # 33 slots of one tile + 1 spare
+    assert balance.round_robin(equal, 4) == balance.first_free(equal, 4)
+    from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES
+
+    for batch in RAGGED_BATCHES + PAGED_BATCHES:
+        rr, ff = balance.balance(batch.q_lens, batch.kv_lens, 132)
+        assert 1.0 <= ff <= rr, batch.name

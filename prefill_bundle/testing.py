@@ -643,6 +643,18 @@ def check_malformed_outputs(actual: list, expected: list) -> None:
 # ---- Token-strided inputs: q, k, v sliced out of one fused QKV projection -------------------
 
 
+def strided_caches(k_cache, v_cache, k_slots=2, v_slots=3):
+    """k_cache and v_cache as views [:, 0] and [:, 1] of NaN buffers [num_pages, slots, ...]:
+    page strides of k_slots and v_slots pages (2 and 2: FlashInfer's combined K/V cache)."""
+    views = []
+    for cache, slots, index in ((k_cache, k_slots, 0), (v_cache, v_slots, 1)):
+        shape = (cache.shape[0], slots) + tuple(cache.shape[1:])
+        buffer = torch.full(shape, float("nan"), dtype=cache.dtype, device=cache.device)
+        buffer[:, index] = cache
+        views.append(buffer[:, index])
+    return views
+
+
 def fused_qkv_inputs(inputs: list) -> list:
     """The same values, with q, k and v as views into one [tokens, (32 + 2 * 8) * 128] tensor
     (equal lengths) or into per-tensor buffers padded to that token stride."""

@@ -35,6 +35,7 @@ from prefill_bundle.testing import (
     poisoned_outputs,
     reference_outputs,
     run_runnable,
+    strided_caches,
 )
 
 pytest.importorskip("triton.experimental.gluon")
@@ -306,17 +307,6 @@ def _assert_gluon_paged_plan(module, inputs, caches=None):
     assert isinstance(module._plan_paged(64, tensors), module.GluonPagedPlan)
 
 
-def _strided_caches(k_cache, v_cache, k_slots, v_slots):
-    """k_cache and v_cache as views [:, 0] and [:, 1] of NaN buffers [pages, slots, ...]."""
-    views = []
-    for cache, slots, index in ((k_cache, k_slots, 0), (v_cache, v_slots, 1)):
-        buffer = torch.full((cache.shape[0], slots, *cache.shape[1:]), float("nan"),
-                            dtype=cache.dtype, device=cache.device)  # fmt: skip
-        buffer[:, index] = cache
-        views.append(buffer[:, index])
-    return views
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GLUON_PAGED_CASES, ids=lambda c: c.id)
@@ -338,7 +328,7 @@ def test_gluon_paged_path_reads_cache_views_with_page_strides(gluon_paged_soluti
     runnable, module = gluon_paged_solution
     case = GLUON_PAGED_CASES[4]
     inputs = make_inputs(case, "cuda", seed=19)
-    caches = _strided_caches(inputs[1], inputs[2], *slots)
+    caches = strided_caches(inputs[1], inputs[2], *slots)
     _assert_gluon_paged_plan(module, inputs, caches)
     strided = [inputs[0], *caches, *inputs[3:]]
     check_outputs(run_runnable(runnable, case, strided), reference_outputs(case, inputs))
@@ -612,9 +602,7 @@ def test_gluon_paged_launch_glue_on_the_host(monkeypatch):
     monkeypatch.setattr(module, "_gluon_suits", lambda *args: True)
     case = PagedCase((600, 400), (700, 900), 64)
     q, k_cache, v_cache, *tables, sm_scale = make_inputs(case, "cpu", seed=1)
-    halves = torch.empty(k_cache.shape[0], 2, *k_cache.shape[1:], dtype=q.dtype)
-    halves[:, 0], halves[:, 1] = k_cache, v_cache
-    k_cache, v_cache = halves[:, 0], halves[:, 1]
+    k_cache, v_cache = strided_caches(k_cache, v_cache, 2, 2)
     output, lse = torch.empty_like(q), torch.empty(q.shape[:2])
     tensors = (q, k_cache, v_cache, *tables, output, lse)
     plan = module._plan_paged(64, tensors)

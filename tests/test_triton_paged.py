@@ -25,6 +25,7 @@ from prefill_bundle.testing import (
     poisoned_outputs,
     reference,
     reference_outputs,
+    strided_caches,
 )
 from prefill_bundle.workloads import lengths_to_indptr
 
@@ -116,18 +117,6 @@ def test_paged_is_the_ragged_kernel_on_gathered_kv(config, case):
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
     check_outputs(paged, reference_outputs(case, inputs))
-
-
-def strided_caches(k_cache, v_cache, k_slots=2, v_slots=3):
-    """k_cache and v_cache as views [:, 0] and [:, 1] of NaN buffers [num_pages, slots, ...]:
-    page strides of k_slots and v_slots pages (2 and 2: FlashInfer's combined K/V cache)."""
-    views = []
-    for cache, slots, index in ((k_cache, k_slots, 0), (v_cache, v_slots, 1)):
-        shape = (cache.shape[0], slots) + tuple(cache.shape[1:])
-        buffer = torch.full(shape, float("nan"), dtype=cache.dtype, device=cache.device)
-        buffer[:, index] = cache
-        views.append(buffer[:, index])
-    return views
 
 
 @pytest.mark.parametrize("slots", [(2, 2), (2, 3)], ids=["kv_interleaved", "unequal_strides"])

@@ -477,8 +477,13 @@ def gluon_padded_fwd(q_desc, k_desc, v_desc, out_ptr, schedule, seq_q, seq_kv, o
 
 
 @gluon.jit
-def _find_sequence(qo_indptr, num_seqs, slot):
-    """The sequence that owns item slot `slot`: the last s with first(s) <= slot."""
+def _item_rows(item, num_slots, qo_indptr, num_seqs):
+    """Work item `item`'s (head, sequence, q_start, q_len, m0): its row block m0 .. m0 + 127 of
+    the sequence's q_len queries from row q_start. Slots run last first (a sequence's last row
+    blocks see the most keys when causal), the 32 heads of a slot together; the sequence is the
+    last s with first(s) <= slot."""
+    slot = num_slots - 1 - item // Q_HEADS
+    head = item % Q_HEADS
     lo = 0
     hi = num_seqs
     while lo + 1 < hi:
@@ -487,31 +492,36 @@ def _find_sequence(qo_indptr, num_seqs, slot):
             lo = mid
         else:
             hi = mid
-    return lo
+    q_start = gl.load(qo_indptr + lo)
+    q_len = gl.load(qo_indptr + lo + 1) - q_start
+    m0 = (slot - (q_start // (2 * HALF_M) + lo)) * (2 * HALF_M)
+    return head, lo, q_start, q_len, m0
 
 
 @gluon.jit
-def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left=-1,
-                 WINDOW: gl.constexpr = False):
-    """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile) of
-    its row block m0 .. m0 + 127 of one sequence: num_tiles key tiles from first_tile (0
-    tiles: a spare slot). Slots run last first (a sequence's last row blocks see the most keys
-    when causal), the 32 heads of a slot together. WINDOW (causal): the tiles from the one that
-    holds the block's first row's first key (its position minus window_left)."""
-    slot = num_slots - 1 - item // Q_HEADS
-    head = item % Q_HEADS
-    lo = _find_sequence(qo_indptr, num_seqs, slot)
-    q_start = gl.load(qo_indptr + lo)
-    q_len = gl.load(qo_indptr + lo + 1) - q_start
-    kv_start = gl.load(kv_indptr + lo)
-    kv_len = gl.load(kv_indptr + lo + 1) - kv_start
-    m0 = (slot - (q_start // (2 * HALF_M) + lo)) * (2 * HALF_M)
+def _key_tiles(m0, q_len, kv_len, causal):
+    """The key tiles row block m0 of q_len queries over kv_len keys reads (causal: up to its
+    last row's last key; 0 for a spare slot)."""
     num_tiles = (kv_len + KV_BLOCK - 1) // KV_BLOCK
     if causal != 0:
         last_key = m0 + 2 * HALF_M - 1 + kv_len - q_len
         num_tiles = gl.maximum(gl.minimum(num_tiles, (last_key + KV_BLOCK) // KV_BLOCK), 0)
     if m0 >= q_len:
         num_tiles = 0
+    return num_tiles
+
+
+@gluon.jit
+def _ragged_item(item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left=-1,
+                 WINDOW: gl.constexpr = False):
+    """Work item `item`: (head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile)
+    (_item_rows): num_tiles key tiles from first_tile (0 tiles: a spare slot). WINDOW
+    (causal): the tiles from the one that holds the block's first row's first key (its
+    position minus window_left)."""
+    head, seq, q_start, q_len, m0 = _item_rows(item, num_slots, qo_indptr, num_seqs)
+    kv_start = gl.load(kv_indptr + seq)
+    kv_len = gl.load(kv_indptr + seq + 1) - kv_start
+    num_tiles = _key_tiles(m0, q_len, kv_len, causal)
     if WINDOW:
         first_tile = gl.maximum(m0 + kv_len - q_len - window_left, 0) // KV_BLOCK
         num_tiles = gl.maximum(num_tiles - first_tile, 0)
@@ -764,22 +774,13 @@ def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty,
 def _paged_item(item, num_slots, qo_indptr, kv_indptr, kv_last_page_len, num_seqs):
     """_ragged_item's numbers for a causal paged batch, kv_start the sequence's first
     kv_indices entry, and poisoned (1: a bad last-page length, no key tiles)."""
-    slot = num_slots - 1 - item // Q_HEADS
-    head = item % Q_HEADS
-    lo = _find_sequence(qo_indptr, num_seqs, slot)
-    q_start = gl.load(qo_indptr + lo)
-    q_len = gl.load(qo_indptr + lo + 1) - q_start
-    kv_start = gl.load(kv_indptr + lo)
-    pages = gl.load(kv_indptr + lo + 1) - kv_start
-    last = gl.load(kv_last_page_len + lo)
+    head, seq, q_start, q_len, m0 = _item_rows(item, num_slots, qo_indptr, num_seqs)
+    kv_start = gl.load(kv_indptr + seq)
+    pages = gl.load(kv_indptr + seq + 1) - kv_start
+    last = gl.load(kv_last_page_len + seq)
     last_ok = (pages == 0) | ((last >= 1) & (last <= PAGE))
     kv_len = gl.where(last_ok & (pages > 0), (pages - 1) * PAGE + last, 0)
-    m0 = (slot - (q_start // (2 * HALF_M) + lo)) * (2 * HALF_M)
-    last_key = m0 + 2 * HALF_M - 1 + kv_len - q_len
-    num_tiles = gl.maximum(gl.minimum((kv_len + KV_BLOCK - 1) // KV_BLOCK,
-                                      (last_key + KV_BLOCK) // KV_BLOCK), 0)  # fmt: skip
-    if m0 >= q_len:
-        num_tiles = 0
+    num_tiles = _key_tiles(m0, q_len, kv_len, 1)
     return head, q_start, q_len, kv_start, kv_len, m0, num_tiles, gl.where(last_ok, 0, 1)
 
 

@@ -302,14 +302,14 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
     page size 1), output, lse. cache_dtype: FP8_DTYPE for FP8 caches (else q's dtype); the
     kernel specializes on the caches' element type, the tiles the same."""
-    q, k_cache, v_cache = tensors[:3]
+    q, k_cache, v_cache, output = *tensors[:3], tensors[7]
     batch, total_q, num_pages, num_kv_indices = check_paged_shapes(
         *tensors, page_size, cache_dtype=cache_dtype
     )
     check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
     if (page_size == 64 and cache_dtype is None and not config and num_pages > 0
-            and _gluon_suits(q, None, None, tensors[7], tokens_per_seq, num_kv_indices)
+            and _gluon_suits(q, None, None, output, tokens_per_seq, num_kv_indices)
             and gluon_attention.paged_suits(k_cache, v_cache)):  # fmt: skip
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
         fa2 = _plan_paged(page_size, tensors, config=_GLUON_FALLBACK)

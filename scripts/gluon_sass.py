@@ -53,14 +53,14 @@ def compile_sm90a(dtype: str, ragged: bool = False, window: bool = False, paged:
             "kv_indptr": "*i32", "kv_indices": "*i32", "kv_last_page_len": "*i32",
             "num_seqs": "i32", "total_q": "i32", "num_entries": "i32", "num_pages": "i32",
             "k_rows_per_page": "i32", "v_rows_per_page": "i32", "out_row_stride": "i32",
-            "qk_scale": "fp32", "pingpong": "i32",
+            "qk_scale": "fp32", "pingpong": "i32", "counter": "*i32",
         })  # fmt: skip
     elif ragged:
         signature.update({
             "v_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "qo_indptr": "*i32",
             "kv_indptr": "*i32", "num_seqs": "i32", "total_q": "i32", "total_kv": "i32",
             "v_row_stride": "i32", "out_row_stride": "i32", "qk_scale": "fp32", "causal": "i32",
-            "pingpong": "i32", "window_left": "i32",
+            "pingpong": "i32", "window_left": "i32", "counter": "*i32",
         })  # fmt: skip
     else:
         signature.update({

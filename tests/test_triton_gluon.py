@@ -293,7 +293,7 @@ GLUON_PAGED_CASES = [
 def gluon_paged_solution(monkeypatch):
     runnable = build_solution("triton_paged_ps64")
     module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_RAGGED_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_PAGED_TOKENS", 1)
     monkeypatch.setattr(module, "_paged_plans", {1: module.PlanCache(), 64: module.PlanCache()})
     return runnable, module
 
@@ -347,6 +347,37 @@ def test_gluon_paged_path_on_malformed_batches(gluon_paged_solution, batch):
     _assert_gluon_paged_plan(module, inputs)
     check_malformed_paged_outputs(_every_row_written(runnable, inputs),
                                   malformed_paged_expected(batch, inputs))  # fmt: skip
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_item_counter_is_zero_after_every_launch(gluon_ragged_solution,
+                                                       gluon_paged_solution):  # fmt: skip
+    """The ragged and paged kernels draw items past their grid from a per-stream counter that
+    their last CTA zeroes: after each launch (well-formed, malformed, more items than CTAs and
+    fewer) it reads [0, 0] and the next launch on the stream computes every row; a second
+    stream draws from a counter of its own."""
+    ragged, paged = gluon_ragged_solution[0], gluon_paged_solution[0]
+    counter = entry_module(ragged).gluon_attention.item_counter
+    paged_counter = entry_module(paged).gluon_attention.item_counter  # (a build of its own)
+    cases = [(ragged, counter, RaggedCase((4096, 3000, 5), (4096, 5000, 5))),  # 1856 items
+             (paged, paged_counter, PagedCase((2048, 700), (9000, 700), 64)),
+             (ragged, counter, RaggedCase((100,), (100,))),  # 32 items: 32 CTAs
+             (paged, paged_counter, PagedCase((1,), (1,), 64))]  # fmt: skip
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            for seed, (runnable, drawn_from, case) in enumerate(cases):
+                inputs = make_inputs(case, "cuda", seed=seed)
+                check_outputs(run_runnable(runnable, case, inputs), reference_outputs(case, inputs))
+                assert drawn_from(inputs[0].device).tolist() == [0, 0]
+            inputs = malformed_inputs(MALFORMED_BATCHES[0], "cuda", seed=3)
+            _every_row_written(ragged, inputs)
+            assert counter(inputs[0].device).tolist() == [0, 0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.stream(side):
+        side_counter = counter(device)
+    assert side_counter is not counter(device)
 
 
 # ---- On the GPU: run_ragged_swa's Gluon path ----------------------------------------------------
@@ -571,8 +602,9 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     assert (k_desc.shape, k_desc.strides, k_desc.block_shape) == ([1400, 1024], [width, 1],
                                                                   [128, 128])  # fmt: skip
     assert v_desc.base is v and args[3] is v
-    assert args[4:] == (output, lse, qo_indptr, kv_indptr, 2, 1000, 1400, width, 4096,
-                        sm_scale * module.LOG2_E, 1, 0, -1)  # fmt: skip
+    assert args[4:-1] == (output, lse, qo_indptr, kv_indptr, 2, 1000, 1400, width, 4096,
+                          sm_scale * module.LOG2_E, 1, 0, -1)  # fmt: skip
+    assert args[-1] is ga.item_counter(q.device) and args[-1].tolist() == [0, 0]
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
     assert not fa2_constexprs()["WINDOW"]
     assert fa2_args[:7] == (q, k, v, output, lse, qo_indptr, kv_indptr)
@@ -586,7 +618,7 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse, 37)
     (kernel, _, constexprs, _, _, args), (_, _, fa2_constexprs, _, _, fa2_args) = launches
     assert kernel is ga.gluon_ragged_fwd and constexprs() == dict(ga.CONSTEXPRS, WINDOW=True)
-    assert args[-1] == 37 and fa2_args[-1] == 37
+    assert args[-2] == 37 and fa2_args[-1] == 37
     assert fa2_constexprs()["WINDOW"] and fa2_constexprs()["MALFORMED_ONLY"]
 
 
@@ -632,7 +664,7 @@ def test_gluon_paged_launch_glue_on_the_host(monkeypatch):
     qo_indptr, kv_indptr, kv_indices, kv_last_page_len = tables
     assert args[4:] == (output, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, 2, 1000,
                         kv_indices.shape[0], pages, 128, 128, 4096, sm_scale * module.LOG2_E,
-                        0)  # fmt: skip
+                        0, ga.item_counter(q.device))  # fmt: skip
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
     assert fa2_args[:9] == (q, k_cache, v_cache, output, lse, *tables)
 
@@ -694,6 +726,6 @@ def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
         else:
             (kernel, _, constexprs, _, _, args), (tag, meta, fa2_args) = launches
             assert kernel is module.gluon_attention.gluon_ragged_fwd and constexprs()["WINDOW"]
-            assert args[-1] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
+            assert args[-2] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
             args = fa2_args
         assert args[-1] == window_left

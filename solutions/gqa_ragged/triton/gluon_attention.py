@@ -583,6 +583,31 @@ def _load_q(q_desc, q_smem, q_full, q_row, head):
 
 
 @gluon.jit
+def _next_item(counter, num_items):
+    """The producer warp's next item: the grid's first items are its CTAs' own, the rest go to
+    whichever CTA asks first (an atomic add on counter[0]; lane 0 adds, the warp reads its
+    result). Each CTA, its first draw past the end, counts itself on counter[1], and the last
+    one zeroes both: the next launch on the stream finds 0 (CUDA's next_item)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=layout)
+    first = lane == 0
+    drawn = gl.atomic_add(counter + lane * 0, 1 + lane * 0, mask=first)
+    item = gl.num_programs(0) + gl.sum(gl.where(first, drawn, 0), axis=0)
+    if item >= num_items:
+        done = gl.atomic_add(counter + 1 + lane * 0, 1 + lane * 0, mask=first)
+        if gl.sum(gl.where(first, done, 0), axis=0) == gl.num_programs(0) - 1:
+            gl.atomic_xchg(counter + lane, lane * 0, mask=lane < 2)  # counter[0], [1] = 0
+    return item
+
+
+@gluon.jit
+def _end_of_work(q_empty, q_full, item_smem, count):
+    """The producer's last hand-over: an item of head -1, which ends the consumers' loops."""
+    mbarrier.wait(q_empty, (count & 1) ^ 1)
+    _put_item(item_smem, -1, 0, 0, 0, 0, 0, 0)
+    mbarrier.arrive(q_full)
+
+@gluon.jit
 def _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head, q_start, q_len,
                kv_len, m0, num_tiles, first_tile, poisoned=0):
     """The producer's start of its count-th item, once Q's buffer is free: the item's numbers
@@ -634,7 +659,7 @@ def _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, 
 @gluon.jit
 def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
                      q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
-                     num_seqs, num_slots, total_q, total_kv, causal):
+                     num_seqs, num_slots, total_q, total_kv, causal, counter):
     """The padded producer's loads for ragged items (_ragged_item), and each item's numbers for
     the consumers (_put_item: the search over indptr done once an item, not in every
     partition). If the indptr arrays are not a partition, every item goes to the consumers
@@ -643,7 +668,9 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
     batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 1)
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+    num_items = num_slots * Q_HEADS
+    item = gl.program_id(0)
+    while item < num_items:
         head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
             item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
         num_tiles = _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head,
@@ -653,6 +680,8 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
                        total_kv)  # fmt: skip
         tile += num_tiles
         count += 1
+        item = _next_item(counter, num_items)
+    _end_of_work(q_empty, q_full, item_smem, count)
 
 
 @gluon.jit
@@ -687,15 +716,17 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
     cols, rows, dims = _index_ranges()
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-        mbarrier.wait(q_full, count & 1)  # the item's numbers are written
-        head, q_start, q_len, kv_len, m0, num_tiles, first_tile, _ = _get_item(item_smem)
+    mbarrier.wait(q_full, 0)  # the item's numbers are written
+    head, q_start, q_len, kv_len, m0, num_tiles, first_tile, _ = _get_item(item_smem)
+    while head >= 0:  # until the producer's end of work
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
                       causal, pingpong, wg, cols, rows, dims, True)  # fmt: skip
         tile += num_tiles
         count += 1
+        mbarrier.wait(q_full, count & 1)
+        head, q_start, q_len, kv_len, m0, num_tiles, first_tile, _ = _get_item(item_smem)
 
 
 @gluon.jit
@@ -858,14 +889,16 @@ def _load_paged_tiles(k_desc, v_desc, v_ptr, kv_indices, k_smem, v_smem, k_full,
 def _paged_producer(q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_full, q_empty,
                     k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
                     kv_indices, kv_last_page_len, num_seqs, num_slots, total_q, num_entries,
-                    num_pages, k_rows_per_page, v_rows_per_page):
+                    num_pages, k_rows_per_page, v_rows_per_page, counter):
     """_ragged_producer over a paged batch (_paged_item, _load_paged_tiles). If the indptr
     arrays are not a partition (kv_indptr's of num_entries kv_indices entries), every item goes
     to the consumers empty and the FA-2 kernel launched after this one takes the batch."""
     batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, num_entries, 1)
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
+    num_items = num_slots * Q_HEADS
+    item = gl.program_id(0)
+    while item < num_items:
         head, q_start, q_len, kv_start, kv_len, m0, num_tiles, poisoned = _paged_item(
             item, num_slots, qo_indptr, kv_indptr, kv_last_page_len, num_seqs)
         num_tiles = _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head,
@@ -875,6 +908,8 @@ def _paged_producer(q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_ful
                           k_rows_per_page, v_rows_per_page)  # fmt: skip
         tile += num_tiles
         count += 1
+        item = _next_item(counter, num_items)
+    _end_of_work(q_empty, q_full, item_smem, count)
 
 
 @gluon.jit
@@ -885,15 +920,17 @@ def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_
     cols, rows, dims = _index_ranges()
     tile = 0
     count = 0
-    for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-        mbarrier.wait(q_full, count & 1)  # the item's numbers are written
-        head, q_start, q_len, kv_len, m0, num_tiles, _, poisoned = _get_item(item_smem)
+    mbarrier.wait(q_full, 0)  # the item's numbers are written
+    head, q_start, q_len, kv_len, m0, num_tiles, _, poisoned = _get_item(item_smem)
+    while head >= 0:  # until the producer's end of work
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
                       1, pingpong, wg, cols, rows, dims, True, poisoned=poisoned)  # fmt: skip
         tile += num_tiles
         count += 1
+        mbarrier.wait(q_full, count & 1)
+        head, q_start, q_len, kv_len, m0, num_tiles, _, poisoned = _get_item(item_smem)
 
 
 @gluon.jit
@@ -972,10 +1009,11 @@ def _ring(q_desc, k_desc, v_desc, PER_SEQUENCE: gl.constexpr = False):
 @gluon.jit(do_not_specialize=["window_left"])
 def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
                      num_seqs, total_q, total_kv, v_row_stride, out_row_stride, qk_scale, causal,
-                     pingpong, window_left, NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     STAGES: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-                     PRODUCER_REGISTERS: gl.constexpr, WINDOW: gl.constexpr = False):
+                     pingpong, window_left, counter, NUM_HEADS: gl.constexpr,
+                     NUM_KV_HEADS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMER_REGISTERS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr,
+                     WINDOW: gl.constexpr = False):
     """gluon_padded_fwd's structure over a ragged batch: q_desc views q as [total_q, heads x
     HEAD_DIM] in 64-row halves, k_desc / v_desc view k / v as [total_kv, heads x HEAD_DIM] in
     tiles of BLOCK_N keys; v_ptr is v itself, for the tail copies (v_row_stride elements a
@@ -1012,7 +1050,7 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
                          out_row_stride, causal, pingpong)  # fmt: skip
         producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
                          q_full, q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr,
-                         kv_indptr, num_seqs, num_slots, total_q, total_kv, causal)
+                         kv_indptr, num_seqs, num_slots, total_q, total_kv, causal, counter)
         gl.warp_specialize([(_ragged_consumer_0, consumer_args),
                             (_ragged_consumer_1, consumer_args),
                             (_ragged_producer, producer_args)],
@@ -1022,7 +1060,7 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
 @gluon.jit
 def gluon_paged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, kv_indptr,
                     kv_indices, kv_last_page_len, num_seqs, total_q, num_entries, num_pages,
-                    k_rows_per_page, v_rows_per_page, out_row_stride, qk_scale, pingpong,
+                    k_rows_per_page, v_rows_per_page, out_row_stride, qk_scale, pingpong, counter,
                     NUM_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMER_REGISTERS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr):
@@ -1045,7 +1083,7 @@ def gluon_paged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, 
     producer_args = (q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_full, q_empty,
                      k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
                      kv_indices, kv_last_page_len, num_seqs, num_slots, total_q, num_entries,
-                     num_pages, k_rows_per_page, v_rows_per_page)  # fmt: skip
+                     num_pages, k_rows_per_page, v_rows_per_page, counter)  # fmt: skip
     gl.warp_specialize([(_paged_consumer_0, consumer_args),
                         (_paged_consumer_1, consumer_args),
                         (_paged_producer, producer_args)],
@@ -1200,7 +1238,7 @@ def ragged_launch_args(q, k, v, out, lse, qo_indptr, kv_indptr, batch, qk_scale,
                          kv_layout)  # fmt: skip
     return (q_desc, k_desc, v_desc, v, out, lse, qo_indptr, kv_indptr, batch, total_q, total_kv,
             v.stride(0), out.stride(0), qk_scale, 1, int(pingpong),
-            -1 if window_left is None else window_left)  # fmt: skip
+            -1 if window_left is None else window_left, item_counter(q.device))  # fmt: skip
 
 
 def page_rows(cache) -> int:
@@ -1237,4 +1275,19 @@ def paged_launch_args(q, k_cache, v_cache, out, lse, qo_indptr, kv_indptr, kv_in
                          [PAGE_SIZE, HEAD_DIM], kv_layout)  # fmt: skip
     return (q_desc, k_desc, v_desc, v_cache, out, lse, qo_indptr, kv_indptr, kv_indices,
             kv_last_page_len, batch, total_q, kv_indices.shape[0], num_pages, k_rows, v_rows,
-            out.stride(0), qk_scale, int(pingpong))  # fmt: skip
+            out.stride(0), qk_scale, int(pingpong), item_counter(q.device))  # fmt: skip
+
+
+_counters = {}
+
+
+def item_counter(device) -> torch.Tensor:
+    """The ragged and paged kernels' item counter (int32[2], zero between launches: the last
+    CTA of a launch zeroes it) for the current stream of `device`: kernels on two streams may
+    run at once, each drawing from its own."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device.type, device.index, stream)
+    counter = _counters.get(key)
+    if counter is None:
+        counter = _counters[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return counter

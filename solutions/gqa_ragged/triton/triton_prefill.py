@@ -385,6 +385,11 @@ GLUON_MIN_TOKENS = 1024
 # host time); page size 64, 8 x 256 queries over 4.5K keys, 0.94 -> 0.84x in kernel time
 # (TUNING.md, "Gluon for page size 64").
 GLUON_MIN_RAGGED_TOKENS = 512
+# ... and page-size-64 batches from 128: with items drawn by a counter (no CTA left with the
+# long tail of a round robin) the paged Gluon kernel beat the FA-2 one on both batches it moves,
+# H200 2026-11-29 (20): 8 x 256 queries over 4.5K keys 0.98 -> 1.08x FlashInfer in kernel time,
+# the mixed batch (440 on average) 0.93 -> 1.15x (TUNING.md, "Items by a counter").
+GLUON_MIN_PAGED_TOKENS = 128
 # ... and the window plans from this window_left (16 key tiles) on: with narrower windows (1024)
 # the FA-2 window kernel measured as fast or faster (4 prompts of 1-3K: 0.91x FlashInfer against
 # the Gluon kernel's 0.84; TUNING.md, "Gluon for the sliding window").
@@ -394,10 +399,11 @@ GLUON_MIN_WINDOW = 2048
 def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
     """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v (k, v
     None: a paged call, whose caches paged_suits judges), int32 output offsets, sequences of
-    GLUON_MIN_RAGGED_TOKENS queries on average."""
+    GLUON_MIN_RAGGED_TOKENS (paged: GLUON_MIN_PAGED_TOKENS) queries on average."""
     if gluon_attention is None or INTERPRET or q.device.type != "cuda":
         return False
-    if tokens_per_seq < GLUON_MIN_RAGGED_TOKENS or total_kv == 0:
+    min_tokens = GLUON_MIN_RAGGED_TOKENS if k is not None else GLUON_MIN_PAGED_TOKENS
+    if tokens_per_seq < min_tokens or total_kv == 0:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False

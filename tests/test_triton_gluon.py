@@ -293,7 +293,7 @@ GLUON_PAGED_CASES = [
 def gluon_paged_solution(monkeypatch):
     runnable = build_solution("triton_paged_ps64")
     module = entry_module(runnable)
-    monkeypatch.setattr(module, "GLUON_MIN_PAGED_TOKENS", 1)
+    monkeypatch.setattr(module, "GLUON_MIN_RAGGED_TOKENS", 1)
     monkeypatch.setattr(module, "_paged_plans", {1: module.PlanCache(), 64: module.PlanCache()})
     return runnable, module
 
@@ -729,3 +729,30 @@ def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):
             assert args[-2] == window_left and tag == "fa2" and meta["MALFORMED_ONLY"]
             args = fa2_args
         assert args[-1] == window_left
+
+
+def test_which_workloads_take_the_gluon_kernel():
+    """gluon_takes_batch on the committed workloads' sizes (the host's view: total_q, total_kv,
+    batch): ragged and paged from 512 queries a sequence, or 128 in a call of 4M query-key
+    pairs (prefix hits, the paged mixed batch); the short prompts, single-token rows and the
+    two-chunk ragged batch (1.3M pairs) stay on the FA-2 kernel, and so do window batches below
+    512 queries a sequence."""
+    from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
+
+    module = entry_module("triton_ragged")
+    takes = {}
+    for batches, page_size in ((RAGGED_BATCHES, None), (PAGED_BATCHES, 64), (SWA_BATCHES, None)):
+        for b in batches:
+            total_kv = sum(b.kv_lens)
+            if page_size:  # the host sees pages, not keys
+                total_kv = sum(-(-n // page_size) for n in b.kv_lens) * page_size
+            window = b in SWA_BATCHES
+            takes[b.name] = module.gluon_takes_batch(len(b.q_lens), sum(b.q_lens), total_kv, window)
+    gluon = {name for name, taken in takes.items() if taken}
+    assert {"prompt_8k", "batch4_prompts_1k_3k", "mixed_short_and_long", "prefix_cache_hits_8x256",
+            "mixed_batch", "chunked_prefill_2k_over_32k", "fresh_prompts_4x1k_3k"} <= gluon
+    assert not {"single_token", "prompt_35", "batch15_short_prompts", "batch_with_empty_sequence",
+                "chunked_prefill_with_prefix", "single_token_rows_16"} & gluon
+    assert not module.gluon_takes_batch(8, 2048, 0)  # no keys
+    assert not module.gluon_takes_batch(8, 2048, 36000, window=True)  # 256 a sequence
+    assert module.gluon_takes_batch(1, 512, 512, window=True)

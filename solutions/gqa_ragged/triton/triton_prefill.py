@@ -272,7 +272,7 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     kernel may take the call (_gluon_suits)."""
     batch, total_q, total_kv = check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse)
     check_layout(RAGGED_NAMES, (q, k, v, qo_indptr, kv_indptr, output, lse), INTERPRET)
-    if gluon and not config and _gluon_suits(q, k, v, output, total_q / max(batch, 1), total_kv):
+    if gluon and not config and _gluon_suits(q, k, v, output, batch, total_kv, window):
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
         fa2 = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=_GLUON_FALLBACK,
                            window=window)  # fmt: skip
@@ -309,7 +309,7 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
     check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
     tokens_per_seq = total_q / max(batch, 1)
     if (page_size == 64 and cache_dtype is None and not config and num_pages > 0
-            and _gluon_suits(q, None, None, output, tokens_per_seq, num_kv_indices)
+            and _gluon_suits(q, None, None, output, batch, num_kv_indices * page_size)
             and gluon_attention.paged_suits(k_cache, v_cache)):  # fmt: skip
         # The FA-2 plan runs after the Gluon kernel, for malformed batches only.
         fa2 = _plan_paged(page_size, tensors, config=_GLUON_FALLBACK)
@@ -385,25 +385,39 @@ GLUON_MIN_TOKENS = 1024
 # host time); page size 64, 8 x 256 queries over 4.5K keys, 0.94 -> 0.84x in kernel time
 # (TUNING.md, "Gluon for page size 64").
 GLUON_MIN_RAGGED_TOKENS = 512
-# ... and page-size-64 batches from 128: with items drawn by a counter (no CTA left with the
-# long tail of a round robin) the paged Gluon kernel beat the FA-2 one on both batches it moves,
-# H200 2026-11-29 (20): 8 x 256 queries over 4.5K keys 0.98 -> 1.08x FlashInfer in kernel time,
-# the mixed batch (440 on average) 0.93 -> 1.15x (TUNING.md, "Items by a counter").
-GLUON_MIN_PAGED_TOKENS = 128
+# ... or from 128 in a long call: at least this many query-key pairs (total_q x total_kv /
+# batch), where the Gluon path's extra host and launch time (~30 us) is small. Since its items
+# come from a counter (2026-11-29 (20), H200) the paged Gluon kernel ran 8 x 256 queries over
+# 4.5K keys (9.7M pairs) at 1.08x FlashInfer's kernel time against the FA-2 kernel's 0.98, the
+# paged mixed batch (440 a sequence, 10M) 1.15x against 0.93; the ragged chunk of 384 a
+# sequence (1.3M pairs) stays on FA-2 (TUNING.md, "Items by a counter").
+GLUON_MIN_PAIRS = 4 << 20
 # ... and the window plans from this window_left (16 key tiles) on: with narrower windows (1024)
 # the FA-2 window kernel measured as fast or faster (4 prompts of 1-3K: 0.91x FlashInfer against
 # the Gluon kernel's 0.84; TUNING.md, "Gluon for the sliding window").
 GLUON_MIN_WINDOW = 2048
 
 
-def _gluon_suits(q, k, v, out, tokens_per_seq, total_kv) -> bool:
+def gluon_takes_batch(batch: int, total_q: int, total_kv: int, window: bool = False) -> bool:
+    """Whether a batch's sizes suit the Gluon kernel (GLUON_MIN_RAGGED_TOKENS, GLUON_MIN_PAIRS;
+    a window batch by its queries alone: the pairs overcount its band). total_kv: key tokens
+    (paged: pages x page size)."""
+    tokens_per_seq = total_q / max(batch, 1)
+    if total_kv == 0:
+        return False
+    if tokens_per_seq >= GLUON_MIN_RAGGED_TOKENS:
+        return True
+    long_call = total_q * total_kv / max(batch, 1) >= GLUON_MIN_PAIRS
+    return not window and long_call and tokens_per_seq >= 128  # a row tile a sequence
+
+
+def _gluon_suits(q, k, v, out, batch, total_kv, window=False) -> bool:
     """Whether a ragged call goes to the Gluon kernel: sm_90, TMA-readable q / k / v (k, v
-    None: a paged call, whose caches paged_suits judges), int32 output offsets, sequences of
-    GLUON_MIN_RAGGED_TOKENS (paged: GLUON_MIN_PAGED_TOKENS) queries on average."""
+    None: a paged call, whose caches paged_suits judges), int32 output offsets, sizes as
+    gluon_takes_batch wants."""
     if gluon_attention is None or INTERPRET or q.device.type != "cuda":
         return False
-    min_tokens = GLUON_MIN_RAGGED_TOKENS if k is not None else GLUON_MIN_PAGED_TOKENS
-    if tokens_per_seq < min_tokens or total_kv == 0:
+    if not gluon_takes_batch(batch, q.shape[0], total_kv, window):
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False

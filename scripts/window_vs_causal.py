@@ -46,20 +46,20 @@ def pairs(batch) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def triton_gluon_thresholds() -> tuple:
-    """(GLUON_MIN_WINDOW, GLUON_MIN_RAGGED_TOKENS) of the Triton solution's entry
-    (triton_prefill)."""
-    entry = entry_module("triton_swa")
-    return entry.GLUON_MIN_WINDOW, entry.GLUON_MIN_RAGGED_TOKENS
+def triton_entry():
+    """The Triton window solution's entry module (triton_prefill)."""
+    return entry_module("triton_swa")
 
 
 def tiles(batch, backend: str) -> tuple:
     """TILES, but Triton's Gluon kernel (128 query tokens of one head, 128 keys) where
-    triton_prefill plans it on an H100: windows from GLUON_MIN_WINDOW, sequences of
-    GLUON_MIN_RAGGED_TOKENS queries on average."""
+    triton_prefill plans it on an H100: windows from GLUON_MIN_WINDOW, batches its
+    gluon_takes_batch takes."""
     if backend == "triton":
-        min_window, min_tokens = triton_gluon_thresholds()
-        if batch.window_left >= min_window and sum(batch.q_lens) >= min_tokens * len(batch.q_lens):
+        entry = triton_entry()
+        total_q, total_kv = sum(batch.q_lens), sum(batch.kv_lens)
+        if batch.window_left >= entry.GLUON_MIN_WINDOW and entry.gluon_takes_batch(
+                len(batch.q_lens), total_q, total_kv, window=True):  # fmt: skip
             return 128, 128
     return TILES[backend]
 

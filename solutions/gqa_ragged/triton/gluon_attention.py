@@ -709,7 +709,7 @@ def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
 
 @gluon.jit
 def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                      causal, pingpong, wg):
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
     row block (_consume_item), its output and LSE; the item's numbers from the producer."""
@@ -753,19 +753,19 @@ def _window_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
 
 @gluon.jit
 def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                        causal, pingpong):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
                      out_row_stride, causal, pingpong, 0)
 
 
 @gluon.jit
 def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                        causal, pingpong):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
                      out_row_stride, causal, pingpong, 1)
 
 
@@ -914,7 +914,7 @@ def _paged_producer(q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_ful
 
 @gluon.jit
 def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                    turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                    turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                     pingpong, wg):
     """_ragged_consumer over a paged batch: causal, and an item's poison flag honoured."""
     cols, rows, dims = _index_ranges()
@@ -935,19 +935,19 @@ def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_
 
 @gluon.jit
 def _paged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                      turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                      turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                       pingpong):
     _paged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                    v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                    v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
                     out_row_stride, pingpong, 0)
 
 
 @gluon.jit
 def _paged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                      turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                      turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                       pingpong):
     _paged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                    v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                    v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
                     out_row_stride, pingpong, 1)
 
 
@@ -1046,7 +1046,7 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
         item_smem = gl.allocate_shared_memory(gl.int32, [32],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
         consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                         v_empty, turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale,
+                         v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
                          out_row_stride, causal, pingpong)  # fmt: skip
         producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
                          q_full, q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr,
@@ -1078,7 +1078,7 @@ def gluon_paged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr, 
         _ring(q_desc, k_desc, v_desc))
     item_smem = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, item_smem, out_ptr, lse_ptr, num_slots, qk_scale, out_row_stride,
+                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                      pingpong)  # fmt: skip
     producer_args = (q_desc, k_desc, v_desc, v_ptr, q_smem, k_smem, v_smem, q_full, q_empty,
                      k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,

@@ -665,6 +665,27 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
     partition). If the indptr arrays are not a partition, every item goes to the consumers
     empty (no rows, no key tiles: they store nothing) and the FA-2 kernel launched after this
     one takes the batch."""
+    _produce_ragged(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                    q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                    num_seqs, num_slots, total_q, total_kv, causal, counter)  # fmt: skip
+
+
+@gluon.jit
+def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                     num_seqs, num_slots, total_q, total_kv, causal, counter, window_left):
+    """_ragged_producer with the sliding window: an item's key tiles from its band's first."""
+    _produce_ragged(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                    q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                    num_seqs, num_slots, total_q, total_kv, causal, counter, window_left,
+                    True)  # fmt: skip
+
+
+@gluon.jit
+def _produce_ragged(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                    q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                    num_seqs, num_slots, total_q, total_kv, causal, counter, window_left=-1,
+                    WINDOW: gl.constexpr = False):
     batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 1)
     tile = 0
     count = 0
@@ -672,7 +693,7 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
     item = gl.program_id(0)
     while item < num_items:
         head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
-            item, num_slots, qo_indptr, kv_indptr, num_seqs, causal)
+            item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, WINDOW)
         num_tiles = _hand_over(q_desc, q_smem, q_full, q_empty, item_smem, count, batch_ok, head,
                                q_start, q_len, kv_len, m0, num_tiles, first_tile)  # fmt: skip
         _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
@@ -685,34 +706,12 @@ def _ragged_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem
 
 
 @gluon.jit
-def _window_producer(q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
-                     q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, total_kv, causal, batch_ok, window_left):
-    """The window kernel's producer: as _ragged_producer, each partition finding the items
-    itself (handing them over measured 5% slower on the 32K prompt with window 4096: its
-    consumers spilled in their key-tile loops) and the batch's verdict from the kernel."""
-    if batch_ok != 0:
-        tile = 0
-        count = 0
-        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, True)
-            q_row = q_start + m0
-            mbarrier.wait(q_empty, (count & 1) ^ 1)
-            _load_q(q_desc, q_smem, q_full, q_row, head)
-            _load_kv_tiles(k_desc, v_desc, v_ptr, v_row_stride, k_smem, v_smem, k_full, k_empty,
-                           v_full, v_empty, tile, head, kv_start, kv_len, num_tiles, first_tile,
-                           total_kv)  # fmt: skip
-            tile += num_tiles
-            count += 1
-
-
-@gluon.jit
 def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
-                     causal, pingpong, wg):
+                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                     pingpong, wg, window_left=-1, WINDOW: gl.constexpr = False):
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
-    row block (_consume_item), its output and LSE; the item's numbers from the producer."""
+    row block (_consume_item), its output and LSE; the item's numbers from the producer.
+    WINDOW: the sliding window's (the item's tiles from first_tile)."""
     cols, rows, dims = _index_ranges()
     tile = 0
     count = 0
@@ -722,7 +721,8 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
-                      causal, pingpong, wg, cols, rows, dims, True)  # fmt: skip
+                      causal, pingpong, wg, cols, rows, dims, True, first_tile, window_left,
+                      WINDOW)  # fmt: skip
         tile += num_tiles
         count += 1
         mbarrier.wait(q_full, count & 1)
@@ -730,63 +730,39 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
 
 
 @gluon.jit
-def _window_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                     turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                     qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left, wg):
-    """One consumer warpgroup of the window kernel: as _ragged_consumer, finding each item
-    itself (_window_producer says why)."""
-    if batch_ok != 0:
-        cols, rows, dims = _index_ranges()
-        tile = 0
-        count = 0
-        for item in range(gl.program_id(0), num_slots * Q_HEADS, gl.num_programs(0)):
-            head, q_start, q_len, kv_start, kv_len, m0, num_tiles, first_tile = _ragged_item(
-                item, num_slots, qo_indptr, kv_indptr, num_seqs, causal, window_left, True)
-            _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                          v_empty, turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len,
-                          kv_len, kv_len - q_len, num_tiles, head, tile, count, qk_scale,
-                          out_row_stride, causal, pingpong, wg, cols, rows, dims, True,
-                          first_tile, window_left, True)
-            tile += num_tiles
-            count += 1
-
-
-@gluon.jit
 def _ragged_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
-                       causal, pingpong):
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                       pingpong):
     _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
-                     out_row_stride, causal, pingpong, 0)
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
+                     causal, pingpong, 0)
 
 
 @gluon.jit
 def _ragged_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
-                       causal, pingpong):
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                       pingpong):
     _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
-                     out_row_stride, causal, pingpong, 1)
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
+                     causal, pingpong, 1)
 
 
 @gluon.jit
 def _window_consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
-    _window_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 0)
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                       pingpong, window_left):
+    _ragged_consumer(q_smem.index(0), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
+                     causal, pingpong, 0, window_left, True)
 
 
 @gluon.jit
 def _window_consumer_1(q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-                       turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs, num_slots,
-                       qk_scale, out_row_stride, causal, pingpong, batch_ok, window_left):
-    _window_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                     v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                     num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                     window_left, 1)
+                       turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                       pingpong, window_left):
+    _ragged_consumer(q_smem.index(1), k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
+                     v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
+                     causal, pingpong, 1, window_left, True)
 
 
 # ---- Page size 64 (gluon_paged_fwd) --------------------------------------------------------------
@@ -1024,33 +1000,23 @@ def gluon_ragged_fwd(q_desc, k_desc, v_desc, v_ptr, out_ptr, lse_ptr, qo_indptr,
     gl.static_assert(BLOCK_N == KV_BLOCK)
     gl.static_assert(NUM_HEADS == Q_HEADS and NUM_KV_HEADS == KV_HEADS)
     num_slots = total_q // BLOCK_M + num_seqs
-    if WINDOW:  # (the ragged kernel's producer decides on its own)
-        batch_ok = _is_partition(qo_indptr, kv_indptr, num_seqs, total_q, total_kv, 4).to(gl.int32)
     q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty, turns = (
         _ring(q_desc, k_desc, v_desc))
+    # The current item's numbers (_put_item), from the producer to the consumers.
+    item_smem = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride, causal,
+                     pingpong)  # fmt: skip
+    producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem, q_full,
+                     q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr, kv_indptr,
+                     num_seqs, num_slots, total_q, total_kv, causal, counter)  # fmt: skip
     # Partitions take no constexpr: the window's are their own functions.
     if WINDOW:
-        consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                         v_empty, turns, out_ptr, lse_ptr, qo_indptr, kv_indptr, num_seqs,
-                         num_slots, qk_scale, out_row_stride, causal, pingpong, batch_ok,
-                         window_left)  # fmt: skip
-        producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
-                         q_full, q_empty, k_full, k_empty, v_full, v_empty, qo_indptr, kv_indptr,
-                         num_seqs, num_slots, total_kv, causal, batch_ok, window_left)
-        gl.warp_specialize([(_window_consumer_0, consumer_args),
-                            (_window_consumer_1, consumer_args),
-                            (_window_producer, producer_args)],
+        gl.warp_specialize([(_window_consumer_0, consumer_args + (window_left,)),
+                            (_window_consumer_1, consumer_args + (window_left,)),
+                            (_window_producer, producer_args + (window_left,))],
                            [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
     else:
-        # The current item's numbers (_put_item), from the producer to the consumers.
-        item_smem = gl.allocate_shared_memory(gl.int32, [32],
-                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
-        consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full,
-                         v_empty, turns, item_smem, out_ptr, lse_ptr, qk_scale,
-                         out_row_stride, causal, pingpong)  # fmt: skip
-        producer_args = (q_desc, k_desc, v_desc, v_ptr, v_row_stride, q_smem, k_smem, v_smem,
-                         q_full, q_empty, k_full, k_empty, v_full, v_empty, item_smem, qo_indptr,
-                         kv_indptr, num_seqs, num_slots, total_q, total_kv, causal, counter)
         gl.warp_specialize([(_ragged_consumer_0, consumer_args),
                             (_ragged_consumer_1, consumer_args),
                             (_ragged_producer, producer_args)],

@@ -172,12 +172,16 @@ def _plan_splits(meta: dict, tokens_per_seq: float, batch: int, kv_tokens: int, 
 
 def _launch_split(grid, meta, runners, args) -> None:
     """The attention kernel over KV_SPLITS key shares into fp32 workspaces (args' out and lse
-    are replaced), then merge_kv_splits into out and lse. Workspaces are allocated per call
-    (torch's caching allocator: a few us), never kept in the plan, which two streams share."""
+    are replaced), then merge_kv_splits into out and lse. The workspaces are one allocation a
+    call (torch's caching allocator: ~3.5 us of host time each, before the launch), never kept
+    in the plan, which two streams share."""
     out, lse = args[3], args[4]
     splits = meta["KV_SPLITS"]
-    part_out = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
-    part_lse = torch.empty((splits, *lse.shape), dtype=torch.float32, device=lse.device)
+    part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
+    workspace = torch.empty(part_size + splits * lse.numel(), dtype=torch.float32,
+                            device=out.device)  # fmt: skip
+    part_out = workspace[:part_size].view(splits, *out.shape)
+    part_lse = workspace[part_size:].view(splits, *lse.shape)
     device = out.get_device()
     _cached_launch(gqa_prefill_fwd, grid, lambda: _attention_constexprs(meta), runners, device,
                    (*args[:3], part_out, part_lse, *args[5:]))  # fmt: skip
@@ -323,10 +327,11 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
         )
     )
     meta.setdefault("ROW_BLOCKS", 1)
-    if cache_dtype is not None and config is None and meta["num_stages"] == 3:
-        # FP8 tiles take half the shared memory: a fourth stage fits at the same occupancy,
-        # and the paired kernel's loops then spill nothing (TUNING.md, unmeasured).
-        meta["num_stages"] = 4
+    if cache_dtype is not None and config is None:
+        # FP8 tiles take half the shared memory: one more stage fits at the same occupancy. The
+        # paired kernel's loops then spill nothing; the decode tiles' 3 stages keep more loads
+        # in flight (single-token rows 149 -> 128 us, H200; 4 stages 136). TUNING.md.
+        meta["num_stages"] += 1
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
     meta.update(CAUSAL=True, WINDOW=False, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     # FP8 caches under bf16 q: Q K^T on K as read, q split in two e4m3 terms (split_q_fp8;

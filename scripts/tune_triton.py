@@ -3,10 +3,12 @@ padded shapes, and the host overhead of both entry points on the small ones; wit
 plans' three tile layouts on mid-size workloads instead (what _launch_config's thresholds rest
 on); with --paged, the same layouts on the paged workloads with few long sequences (chunked
 prefill: one 2K chunk over 8K-32K keys) and neighbours, at page sizes 1 and 64, against
-FlashInfer's paged wrapper, and on the same keys contiguous (ragged). Interleaves the variants
-(A B A B) because the card heats up within a call. Writes nothing; prints tables.
+FlashInfer's paged wrapper, and on the same keys contiguous (ragged); with --decode, the
+decode tiles (16 rows) by key tile, stages and key shares on the single-token rows over FP8
+and bf16 page-64 caches. Interleaves the variants (A B A B) because the card heats up within a
+call. Writes nothing; prints tables.
 
-    python scripts/tune_triton.py [--mid | --paged]
+    python scripts/tune_triton.py [--mid | --paged | --decode]
 """
 
 import argparse
@@ -28,7 +30,7 @@ from prefill_bundle.testing import (
     normwise_error,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES
+from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE, PAGED_BATCHES, RAGGED_BATCHES
 
 # What was measured with it, kept or not: solutions/gqa_ragged/triton/TUNING.md.
 # CONFIGS[1] is what the plans pick for the big shapes.
@@ -66,6 +68,16 @@ PAGED = [
                  for ps in (1, 64)] + [RaggedCase(b.q_lens, b.kv_lens)]  # fmt: skip
 ]
 
+# --decode: the decode tiles' knobs (_launch_config's decode-like branch, _kv_splits' shares).
+DECODE_CONFIGS = [
+    dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=block_n, ROW_BLOCKS=1, num_warps=4,
+         num_stages=stages, KV_SPLITS=shares)
+    for block_n in (32, 64, 128) for stages in (2, 3, 4) for shares in (8, 16, 32)
+]  # fmt: skip
+_single_rows = next(b for b in PAGED_BATCHES if b.name == "single_token_rows_16")
+DECODE = [PagedCase(_single_rows.q_lens, _single_rows.kv_lens, 64, fp8_scales=scales)
+          for scales in ((FP8_K_SCALE, FP8_V_SCALE), ())]  # fmt: skip
+
 
 @functools.lru_cache(maxsize=None)
 def solution(name):
@@ -78,6 +90,12 @@ def module_of(runnable):
 
 def launch_variant(case, meta, inputs, outputs):
     """The Triton kernel with launch config meta, bypassing the plan's own choice."""
+    if isinstance(case, PagedCase) and case.fp8_scales:
+        mod = module_of(solution("triton_fp8kv"))
+        tensors = (*inputs[:7], *outputs)
+        plan = mod._plan_paged(64, tensors, config=meta, cache_dtype=mod.FP8_DTYPE)
+        sm_scale, v_scale = mod.fold_kv_scales(inputs[-1], *inputs[7:9])
+        return lambda: mod.launch_paged(plan, *inputs[:7], sm_scale, *outputs, v_scale)
     if isinstance(case, PagedCase):
         mod = module_of(solution(f"triton_paged_ps{case.page_size}"))
         tables = inputs[3:-1] if case.page_size > 1 else [*inputs[3:6], None]
@@ -98,7 +116,9 @@ def time_configs(cases, configs) -> list:
     """(case id, variant, ms, FlashInfer ms / ms) for FlashInfer and each config that runs right."""
     results = []
     for case in cases:
-        if isinstance(case, PagedCase):
+        if isinstance(case, PagedCase) and case.fp8_scales:
+            fi = solution("flashinfer_fp8kv")
+        elif isinstance(case, PagedCase):
             fi = solution(f"flashinfer_paged_ps{case.page_size}")
         elif isinstance(case, RaggedCase):
             fi = solution("flashinfer_ragged")
@@ -135,13 +155,16 @@ def main():
     layouts = parser.add_mutually_exclusive_group()
     layouts.add_argument("--mid", action="store_true", help="the plans' layouts, mid-size shapes")
     layouts.add_argument("--paged", action="store_true", help="the plans' layouts, long keys")
+    layouts.add_argument("--decode", action="store_true", help="decode tiles, single-token rows")
     args = parser.parse_args()
-    configs = PLAN_CONFIGS if args.mid or args.paged else CONFIGS
+    configs = (PLAN_CONFIGS if args.mid or args.paged else DECODE_CONFIGS if args.decode
+               else CONFIGS)  # fmt: skip
+    cases = MID if args.mid else PAGED if args.paged else DECODE if args.decode else BIG
     print("gpu at start:", clocks())
-    results = time_configs(MID if args.mid else PAGED if args.paged else BIG, configs)
+    results = time_configs(cases, configs)
     print("gpu after timing:", clocks())
     overhead = []
-    if not (args.mid or args.paged):
+    if not (args.mid or args.paged or args.decode):
         tri, fi = solution("triton_mini"), solution("flashinfer_mini")
         for case in SMALL:
             inputs = make_inputs(case, "cuda", seed=0)

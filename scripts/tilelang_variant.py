@@ -9,7 +9,11 @@ Each variant is its own solution (named NAME__KNOB_VALUE_...): flashinfer-bench 
 module of its own, with its own kernel and plan caches, so compare_gpu.py interleaves it with
 the shipped one. The embedded gqa_prefill_kernel.py gets the knobs merged into block_config
 (the packed decode-like programs keep pack_config; a knob a program does not have is ignored
-there: gqa_prefill_kernel.gqa_prefill).
+there: gqa_prefill_kernel.gqa_prefill). With --pack, into pack_config instead (named
+NAME__pack_KNOB_VALUE_...): the decode-like batches' programs only.
+
+    python scripts/tilelang_variant.py --pack block_N=64 num_stages=3 --out .ab/v2 \
+        --solutions tilelang_fp8kv
 """
 
 import argparse
@@ -34,16 +38,28 @@ def block_config(dtype, causal, *args, **kwargs):
     return {{**_shipped_block_config(dtype, causal, *args, **kwargs), **_VARIANT_KNOBS}}
 '''
 
+PACK_OVERRIDE = '''
 
-def variant(name: str, knobs: dict):
-    """The Solution `name` with `knobs` merged into its kernels' block_config."""
+# Variant knobs (scripts/tilelang_variant.py --pack): merged into pack_config.
+_VARIANT_PACK_KNOBS = {knobs!r}
+_shipped_pack_config = pack_config
+
+
+def pack_config():
+    return {{**_shipped_pack_config(), **_VARIANT_PACK_KNOBS}}
+'''
+
+
+def variant(name: str, knobs: dict, pack: bool = False):
+    """The Solution `name` with `knobs` merged into its kernels' block_config (pack: into the
+    packed programs' pack_config)."""
     solution = load_solution(name)
     tag = re.sub(r"\W", "_", "_".join(f"{key}_{value}" for key, value in knobs.items()))
     data = solution.model_dump(mode="json")
     for source in data["sources"]:
         if Path(source["path"]).name == "gqa_prefill_kernel.py":
-            source["content"] += OVERRIDE.format(knobs=knobs)
-    data["name"] = f"{name}__{tag}"
+            source["content"] += (PACK_OVERRIDE if pack else OVERRIDE).format(knobs=knobs)
+    data["name"] = f"{name}__pack_{tag}" if pack else f"{name}__{tag}"
     return Solution.model_validate(data)  # not model_copy: testing.build_solution_object
 
 
@@ -52,6 +68,7 @@ def main():
     parser.add_argument("knobs", nargs="+", help="KNOB=VALUE (a Python literal)")
     parser.add_argument("--out", required=True, help="folder for the variant JSONs")
     parser.add_argument("--solutions", nargs="*", default=TILELANG)
+    parser.add_argument("--pack", action="store_true", help="knobs of the packed programs")
     options = parser.parse_args()
     knobs = {}
     for item in options.knobs:
@@ -61,7 +78,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     for name in options.solutions:
         path = out / f"{name}.json"
-        path.write_text(variant(name, knobs).model_dump_json(indent=2))
+        path.write_text(variant(name, knobs, options.pack).model_dump_json(indent=2))
         print(path)
 
 

@@ -267,6 +267,15 @@ def test_variant_solutions_carry_their_knobs():
     shipped = tilelang_kernels().block_config("bfloat16", True)
     assert kernels.block_config("bfloat16", True) == {**shipped, **knobs}
     assert shipped["num_stages"] != 3 and shipped["persistent"]
+    # --pack: the packed (decode-like) programs' pack_config instead, block_config untouched.
+    knobs = dict(block_N=64, num_stages=3)
+    solution = script.variant("tilelang_fp8kv", knobs, pack=True)
+    assert solution.name == "tilelang_fp8kv__pack_block_N_64_num_stages_3"
+    kernels = tilelang_kernels(build_solution_object(solution))
+    shipped_pack = tilelang_kernels().pack_config()
+    assert kernels.pack_config() == {**shipped_pack, **knobs}
+    assert shipped_pack["block_N"] != 64 and shipped_pack["num_stages"] != 3
+    assert kernels.block_config("bfloat16", True) == shipped
 
 
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------

@@ -8,7 +8,7 @@ decode tiles (16 rows) by key tile, stages and key shares on the single-token ro
 and bf16 page-64 caches. Interleaves the variants (A B A B) because the card heats up within a
 call. Writes nothing; prints tables.
 
-    python scripts/tune_triton.py [--mid | --paged | --decode]
+    python scripts/tune_triton.py [--mid | --paged | --decode] [--stages N ...]
 """
 
 import argparse
@@ -156,9 +156,13 @@ def main():
     layouts.add_argument("--mid", action="store_true", help="the plans' layouts, mid-size shapes")
     layouts.add_argument("--paged", action="store_true", help="the plans' layouts, long keys")
     layouts.add_argument("--decode", action="store_true", help="decode tiles, single-token rows")
+    parser.add_argument("--stages", type=int, nargs="+", metavar="N",
+                        help="each config at each of these pipeline depths")  # fmt: skip
     args = parser.parse_args()
     configs = (PLAN_CONFIGS if args.mid or args.paged else DECODE_CONFIGS if args.decode
                else CONFIGS)  # fmt: skip
+    if args.stages:  # e.g. --paged --stages 3 4 5: the page-size-1 gathers' loads in flight
+        configs = [{**c, "num_stages": n} for c in configs for n in args.stages]
     cases = MID if args.mid else PAGED if args.paged else DECODE if args.decode else BIG
     print("gpu at start:", clocks())
     results = time_configs(cases, configs)

@@ -4,6 +4,7 @@ included), interleaved (A B A B) because the card heats up within a call; best o
 
     python scripts/compare_gpu.py triton_mini tilelang_mini triton_ragged
     python scripts/compare_gpu.py triton_ragged --old OLD/triton_ragged.json   # A/B a change
+    python scripts/compare_gpu.py cuda_fp8kv --old V/*.json --workloads single_token_rows_16
 
 --old takes Solution JSON files of earlier versions (e.g. `git show REV:solutions/...json`),
 timed beside the current ones as "<name>@old", or of variants (scripts/tilelang_variant.py),
@@ -49,25 +50,38 @@ PADDED = [
     PaddedCase(4, 512, 512, False),
     PaddedCase(4, 128, 2048, True),
 ]
+# Each ragged, window and paged case's workload name (--workloads), by case id.
+WORKLOAD_OF = {}
+
+
+def named(case, name: str):
+    WORKLOAD_OF[case.id] = name
+    return case
+
+
 # Per definition: its FlashInfer baseline and its cases (the workloads' shapes).
 CASES = {
     MINI: ("flashinfer_mini", PADDED),
-    RAGGED: ("flashinfer_ragged", [RaggedCase(b.q_lens, b.kv_lens) for b in RAGGED_BATCHES]),
+    RAGGED: (
+        "flashinfer_ragged",
+        [named(RaggedCase(b.q_lens, b.kv_lens), b.name) for b in RAGGED_BATCHES],
+    ),
     SWA: (
         "flashinfer_swa",
-        [RaggedCase(b.q_lens, b.kv_lens, window_left=b.window_left) for b in SWA_BATCHES],
+        [named(RaggedCase(b.q_lens, b.kv_lens, window_left=b.window_left), b.name)
+         for b in SWA_BATCHES],
     ),
-}
+}  # fmt: skip
 for _name, _page_size in PAGE_SIZES.items():
     CASES[_name] = (
         f"flashinfer_paged_ps{_page_size}",
-        [PagedCase(b.q_lens, b.kv_lens, _page_size, shared_prefix=b.shared_prefix)
-         for b in PAGED_BATCHES],
+        [named(PagedCase(b.q_lens, b.kv_lens, _page_size, shared_prefix=b.shared_prefix),
+               b.name) for b in PAGED_BATCHES],
     )  # fmt: skip
 CASES[PAGED_FP8] = (
     "flashinfer_fp8kv",
-    [PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix,
-               fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)) for b in PAGED_BATCHES],
+    [named(PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix,
+                     fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), b.name) for b in PAGED_BATCHES],
 )  # fmt: skip
 
 
@@ -118,6 +132,8 @@ def main():
     parser.add_argument("names", nargs="+")
     parser.add_argument("--old", nargs="*", default=[], help="Solution JSON of earlier versions")
     parser.add_argument("--min-tokens", type=int, default=0, help="skip smaller ragged batches")
+    parser.add_argument("--workloads", nargs="+", metavar="NAME",
+                        help="only these ragged, window and paged workloads (no padded shapes)")
     options = parser.parse_args()
     old = [Solution.model_validate_json(open(path).read()) for path in options.old]
     print("gpu at start:", clocks())
@@ -126,6 +142,8 @@ def main():
         names = [n for n in options.names if load_solution(n).definition == definition]
         if names:
             big = [c for c in cases if isinstance(c, PaddedCase) or sum(c.q_lens) >= min_tokens]
+            if options.workloads:
+                big = [c for c in big if WORKLOAD_OF.get(c.id) in options.workloads]
             olds = [s for s in old if s.definition == definition]
             rows += compare(names, baseline, big, olds)
     print("gpu at end:", clocks())

@@ -72,3 +72,17 @@ def test_item_balance_counts_the_kernels_items():
     for batch in RAGGED_BATCHES + PAGED_BATCHES:
         rr, ff = balance.balance(batch.q_lens, batch.kv_lens, 132)
         assert 1.0 <= ff <= rr, batch.name
+
+
+def test_compare_gpu_names_each_case_by_its_workload():
+    """compare_gpu.py --workloads: every ragged, window and paged case carries its workload's
+    name (the padded shapes have none), one case per workload of each definition."""
+    compare = load_script("compare_gpu")
+    for definition, (_, cases) in compare.CASES.items():
+        names = [compare.WORKLOAD_OF.get(case.id) for case in cases]
+        if definition == MINI:
+            assert names == [None] * len(cases)
+            continue
+        assert None not in names and len(set(names)) == len(cases), definition
+    fp8 = [compare.WORKLOAD_OF[case.id] for case in compare.CASES[PAGED_FP8][1]]
+    assert "single_token_rows_16" in fp8

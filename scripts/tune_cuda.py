@@ -62,6 +62,12 @@ VARIANTS = {
     # a pair: cuda/TUNING.md). --json cuda_fp8kv .ab fp8_bf16_pv, then compare_gpu.py
     # cuda_fp8kv --old .ab/*.json.
     "fp8_bf16_pv": BuildKnobs(fp8_f16_pv=False),
+    # A consumer warpgroup without any of the item's tokens computes nothing (a decode-like
+    # item's rows are all warpgroup 0's: today warpgroup 1 runs its GEMMs and softmax on
+    # padding, the tensor pipe 49% busy on single_token_rows_16 FP8 under ncu; cuda/TUNING.md).
+    # Not yet measured: --json cuda_fp8kv .ab idle_warpgroup_waits (and cuda_paged_ps64 /
+    # _ps1), then compare_gpu.py cuda_fp8kv --old .ab/*.json.
+    "idle_warpgroup_waits": BuildKnobs(idle_warpgroup_waits=True),
     # Scale the logits first (one FMUL each), then exp2(s - max).
     "unfolded_scale": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, fold_scale=False),

@@ -95,9 +95,12 @@ using ShippedKnobs =
 // split); kFp8F16Pv (the Hopper kernel, bf16 q): P V in float16, V converted with the hardware
 // cvt e4m3x2 -> f16x2 (one instruction a pair) and P packed as f16 (11 significant bits, bf16's
 // 8; P <= 1 and |V| <= 448 fit), the output still bf16; false: V and P in bf16 (TUNING.md, FP8:
-// P V in float16).
+// P V in float16). kIdleWarpgroupWaits (every Hopper kernel without turns): a consumer
+// warpgroup whose 64 rows hold no token of the item (a decode-like item's 4-16 rows are all
+// warpgroup 0's) computes nothing for it, only frees each ring stage once loaded and Q's
+// buffer (TUNING.md, decode-like rows: the idle warpgroup; not yet measured).
 template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
-          bool kFp8SplitQ_ = false, bool kFp8F16Pv_ = false>
+          bool kFp8SplitQ_ = false, bool kFp8F16Pv_ = false, bool kIdleWarpgroupWaits_ = false>
 struct BuildKnobs {
   using CausalTiles = Causal;
   using FullTiles = Full;
@@ -105,12 +108,13 @@ struct BuildKnobs {
   static constexpr bool kFp8Bf16Bits = kFp8Bf16Bits_;
   static constexpr bool kFp8SplitQ = kFp8SplitQ_;
   static constexpr bool kFp8F16Pv = kFp8F16Pv_;
+  static constexpr bool kIdleWarpgroupWaits = kIdleWarpgroupWaits_;
 };
 
 // Every flag named: a template default flipped alone does not change the shipped build.
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true, true, true>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true, true, true, false>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

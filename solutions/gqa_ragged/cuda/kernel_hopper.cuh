@@ -380,6 +380,33 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     bool poisoned = false;  // the K/V source met a page id out of range (paged sources)
 
     mbarrier_wait(q_full, n_item & 1);
+    if constexpr (Knobs::kIdleWarpgroupWaits && !Tiles::kPingpong) {
+      // No token of the item in this warpgroup's rows (a decode-like item's are warpgroup
+      // 0's): nothing to compute or store. It keeps its part of every barrier the working
+      // warpgroup's loop meets: each stage freed once loaded (its arrival counted with the
+      // other's, which comes after its GEMMs), the V tail zeroed with it, Q's buffer freed.
+      if (16 * warpgroup >= t.tile_tokens) {
+#pragma unroll 1
+        for (int n = 0; n < num_kv_tiles; ++n) {
+          const RingSlot ring(tile_count + n);
+          mbarrier_wait(k_full + 8 * ring.stage, ring.parity);
+          mbarrier_arrive(k_empty + 8 * ring.stage);
+          mbarrier_wait(v_full + 8 * ring.stage, ring.parity);
+          if constexpr (Loader::kZeroesVTail) {
+            const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
+            if (n + 1 == num_kv_tiles && rows < kBlockN &&
+                Loader::template zero_v_tail<Tiles>(sV + ring.stage * Tiles::kKvTileBytes, rows,
+                                                    ctid)) {
+              named_barrier_sync(3, kConsumerThreads);
+            }
+          }
+          mbarrier_arrive(v_empty + 8 * ring.stage);
+        }
+        tile_count += num_kv_tiles;
+        mbarrier_arrive(q_empty);  // Q is never read here (release_q's fence not needed)
+        continue;
+      }
+    }
     // kSplitQ: Q as two e4m3 terms, each row's scale (2^-e_row) folded into its softmax scale.
     [[maybe_unused]] float split_scale[2];
     if constexpr (kSplitQ) {

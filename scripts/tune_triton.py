@@ -9,6 +9,8 @@ and bf16 page-64 caches. Interleaves the variants (A B A B) because the card hea
 call. Writes nothing; prints tables.
 
     python scripts/tune_triton.py [--mid | --paged | --decode] [--stages N ...]
+    python scripts/tune_triton.py --paged --workloads fresh_prompts_4x1k_3k mixed_batch \
+        --stages 3 4 5
 """
 
 import argparse
@@ -60,13 +62,20 @@ MID += [PaddedCase(4, 512, 512, True), PaddedCase(4, 512, 512, False),
 # --paged: one or four 2K chunks over long contexts, and a prefix-cache batch for contrast.
 LONG_KEYS = ("chunked_prefill_2k_over_8k", "chunked_prefill_2k_over_32k",
              "chunked_prefill_4x2k_over_16k", "prefix_cache_hits_8x256")  # fmt: skip
-PAGED = [
-    case
-    for b in PAGED_BATCHES
-    if b.name in LONG_KEYS
-    for case in [PagedCase(b.q_lens, b.kv_lens, ps, shared_prefix=b.shared_prefix)
-                 for ps in (1, 64)] + [RaggedCase(b.q_lens, b.kv_lens)]  # fmt: skip
-]
+
+
+def paged_cases(names=LONG_KEYS) -> list:
+    """The named paged workloads at page sizes 1 and 64, and their keys contiguous (ragged)."""
+    return [
+        case
+        for b in PAGED_BATCHES
+        if b.name in names
+        for case in [PagedCase(b.q_lens, b.kv_lens, ps, shared_prefix=b.shared_prefix)
+                     for ps in (1, 64)] + [RaggedCase(b.q_lens, b.kv_lens)]  # fmt: skip
+    ]
+
+
+PAGED = paged_cases()
 
 # --decode: the decode tiles' knobs (_launch_config's decode-like branch, _kv_splits' shares).
 DECODE_CONFIGS = [
@@ -158,12 +167,16 @@ def main():
     layouts.add_argument("--decode", action="store_true", help="decode tiles, single-token rows")
     parser.add_argument("--stages", type=int, nargs="+", metavar="N",
                         help="each config at each of these pipeline depths")  # fmt: skip
+    parser.add_argument("--workloads", nargs="+", metavar="NAME",
+                        help="--paged: these paged workloads instead of the long-key ones")
     args = parser.parse_args()
     configs = (PLAN_CONFIGS if args.mid or args.paged else DECODE_CONFIGS if args.decode
                else CONFIGS)  # fmt: skip
     if args.stages:  # e.g. --paged --stages 3 4 5: the page-size-1 gathers' loads in flight
         configs = [{**c, "num_stages": n} for c in configs for n in args.stages]
     cases = MID if args.mid else PAGED if args.paged else DECODE if args.decode else BIG
+    if args.paged and args.workloads:
+        cases = paged_cases(args.workloads)
     print("gpu at start:", clocks())
     results = time_configs(cases, configs)
     print("gpu after timing:", clocks())

@@ -27,26 +27,17 @@ from prefill_bundle.testing import load_solution
 
 TILELANG = ["tilelang_mini", "tilelang_ragged", "tilelang_swa", "tilelang_paged_ps64",
             "tilelang_paged_ps1", "tilelang_fp8kv"]  # fmt: skip
+# Appended to the embedded gqa_prefill_kernel.py: the config function `config` (block_config,
+# or pack_config with --pack) with the variant's knobs merged into what it returns.
 OVERRIDE = '''
 
-# Variant knobs (scripts/tilelang_variant.py): merged into every block_config.
+# Variant knobs (scripts/tilelang_variant.py): merged into every {config}.
 _VARIANT_KNOBS = {knobs!r}
-_shipped_block_config = block_config
+_shipped_{config} = {config}
 
 
-def block_config(dtype, causal, *args, **kwargs):
-    return {{**_shipped_block_config(dtype, causal, *args, **kwargs), **_VARIANT_KNOBS}}
-'''
-
-PACK_OVERRIDE = '''
-
-# Variant knobs (scripts/tilelang_variant.py --pack): merged into pack_config.
-_VARIANT_PACK_KNOBS = {knobs!r}
-_shipped_pack_config = pack_config
-
-
-def pack_config():
-    return {{**_shipped_pack_config(), **_VARIANT_PACK_KNOBS}}
+def {config}(*args, **kwargs):
+    return {{**_shipped_{config}(*args, **kwargs), **_VARIANT_KNOBS}}
 '''
 
 
@@ -58,7 +49,8 @@ def variant(name: str, knobs: dict, pack: bool = False):
     data = solution.model_dump(mode="json")
     for source in data["sources"]:
         if Path(source["path"]).name == "gqa_prefill_kernel.py":
-            source["content"] += (PACK_OVERRIDE if pack else OVERRIDE).format(knobs=knobs)
+            config = "pack_config" if pack else "block_config"
+            source["content"] += OVERRIDE.format(knobs=knobs, config=config)
     data["name"] = f"{name}__pack_{tag}" if pack else f"{name}__{tag}"
     return Solution.model_validate(data)  # not model_copy: testing.build_solution_object
 

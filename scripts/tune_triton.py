@@ -170,6 +170,8 @@ def main():
     parser.add_argument("--workloads", nargs="+", metavar="NAME",
                         help="--paged: these paged workloads instead of the long-key ones")
     args = parser.parse_args()
+    if args.workloads and not args.paged:
+        parser.error("--workloads: paged workloads, with --paged")
     configs = (PLAN_CONFIGS if args.mid or args.paged else DECODE_CONFIGS if args.decode
                else CONFIGS)  # fmt: skip
     if args.stages:  # e.g. --paged --stages 3 4 5: the page-size-1 gathers' loads in flight

@@ -375,6 +375,19 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       if constexpr (!Tiles::kOwnOutputBuffer) fence_proxy_async();  // generic use -> TMA
       mbarrier_arrive(q_empty);
     };
+    // The item's last tile: keys of the sequence, then rows (the next sequence's keys, the rest
+    // of a page) that may hold NaN or inf, which 0 x NaN would carry into O. Where the loader
+    // leaves them to the consumers, both warpgroups zero them before the last P V.
+    auto zero_v_tail = [&](const RingSlot& last) {
+      if constexpr (Loader::kZeroesVTail) {
+        const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
+        if (rows < kBlockN &&
+            Loader::template zero_v_tail<Tiles>(sV + last.stage * Tiles::kKvTileBytes, rows,
+                                                ctid)) {
+          named_barrier_sync(3, kConsumerThreads);  // both warpgroups' zeros, before P V
+        }
+      }
+    };
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
     bool poisoned = false;  // the K/V source met a page id out of range (paged sources)
@@ -392,14 +405,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
           mbarrier_wait(k_full + 8 * ring.stage, ring.parity);
           mbarrier_arrive(k_empty + 8 * ring.stage);
           mbarrier_wait(v_full + 8 * ring.stage, ring.parity);
-          if constexpr (Loader::kZeroesVTail) {
-            const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
-            if (n + 1 == num_kv_tiles && rows < kBlockN &&
-                Loader::template zero_v_tail<Tiles>(sV + ring.stage * Tiles::kKvTileBytes, rows,
-                                                    ctid)) {
-              named_barrier_sync(3, kConsumerThreads);
-            }
-          }
+          if (n + 1 == num_kv_tiles) zero_v_tail(ring);
           mbarrier_arrive(v_empty + 8 * ring.stage);
         }
         tile_count += num_kv_tiles;
@@ -481,16 +487,7 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       mbarrier_wait(v_full + 8 * last.stage, last.parity);
       if constexpr (Loader::kGenericProxyWrites) fence_proxy_async();
       if constexpr (Kv::kMayPoison) poisoned = ld_shared_u32(kv_flags + 4 * last.stage) != 0;
-      if constexpr (Loader::kZeroesVTail) {
-        // Keys of the sequence in this tile; the rows past them (the next sequence's keys, the
-        // rest of a page) may hold NaN or inf, which 0 x NaN would carry into O.
-        const int rows = t.seq_kv - (num_kv_tiles - 1) * kBlockN;
-        if (rows < kBlockN &&
-            Loader::template zero_v_tail<Tiles>(sV + last.stage * Tiles::kKvTileBytes, rows,
-                                                ctid)) {
-          named_barrier_sync(3, kConsumerThreads);  // both warpgroups' zeros, before P V
-        }
-      }
+      zero_v_tail(last);
       rescale_rows(acc, rescale);
       issue_pv(last);
       wgmma_wait<0>();

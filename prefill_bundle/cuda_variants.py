@@ -51,7 +51,7 @@ class BuildKnobs:
     fp8_bf16_bits: bool = True  # integer ops and a bf16x2 multiply, else the hardware cvt
     fp8_split_q: bool = True  # FP8 Q K^T on the cache's K, bf16 q in two e4m3 terms
     fp8_f16_pv: bool = True  # FP8 P V in float16 (V by the hardware cvt), else in q's dtype
-    idle_warpgroup_waits: bool = False  # a warpgroup without the item's tokens computes nothing
+    idle_warpgroup_waits: bool = True  # a warpgroup without the item's tokens computes nothing
 
     def cpp(self) -> str:
         families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))

@@ -62,12 +62,11 @@ VARIANTS = {
     # a pair: cuda/TUNING.md). --json cuda_fp8kv .ab fp8_bf16_pv, then compare_gpu.py
     # cuda_fp8kv --old .ab/*.json.
     "fp8_bf16_pv": BuildKnobs(fp8_f16_pv=False),
-    # A consumer warpgroup without any of the item's tokens computes nothing (a decode-like
-    # item's rows are all warpgroup 0's: today warpgroup 1 runs its GEMMs and softmax on
-    # padding, the tensor pipe 49% busy on single_token_rows_16 FP8 under ncu; cuda/TUNING.md).
-    # Not yet measured: --json cuda_fp8kv .ab idle_warpgroup_waits (and cuda_paged_ps64 /
-    # _ps1), then compare_gpu.py cuda_fp8kv --old .ab/*.json.
-    "idle_warpgroup_waits": BuildKnobs(idle_warpgroup_waits=True),
+    # Every consumer warpgroup computes every item, one without any of the item's tokens on
+    # padding (shipped until 2026-11-29 (22): a decode-like item's rows are all warpgroup 0's;
+    # cuda/TUNING.md, decode-like rows: the idle warpgroup). --json cuda_fp8kv .ab
+    # busy_idle_warpgroup, then compare_gpu.py cuda_fp8kv --old .ab/*.json.
+    "busy_idle_warpgroup": BuildKnobs(idle_warpgroup_waits=False),
     # Scale the logits first (one FMUL each), then exp2(s - max).
     "unfolded_scale": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, fold_scale=False),

@@ -398,7 +398,10 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
       // 0's): nothing to compute or store. It keeps its part of every barrier the working
       // warpgroup's loop meets: each stage freed once loaded (its arrival counted with the
       // other's, which comes after its GEMMs), the V tail zeroed with it, Q's buffer freed.
-      if (16 * warpgroup >= t.tile_tokens) {
+      // Through a shuffle, the compiler knows the branch is warp-uniform: without it the ring
+      // counter, updated under the branch, would look divergent and every descriptor computed
+      // from it would leave the uniform datapath (an R2UR pair before each wgmma).
+      if (__shfl_sync(0xffffffffu, 16 * warpgroup >= t.tile_tokens, 0)) {
 #pragma unroll 1
         for (int n = 0; n < num_kv_tiles; ++n) {
           const RingSlot ring(tile_count + n);

@@ -12,8 +12,16 @@ its version and its native libraries' hashes, all the same here and in the devic
 A program whose key differs there (another TileLang build) is compiled as before; so is
 every program after a change to the TileLang sources, until the archive is rebuilt (~6 minutes
 here). On the H100 (2026-11-27) a fresh machine's TileLang prebuild took 6 s with the archive.
+
+--solutions caches the programs of Solution JSON files instead (variants from
+scripts/tilelang_variant.py, for compare_gpu.py --old): only those of each one's definition.
+Without it, a TileLang variant compiles on the GPU machine, ~60 s a program there (2026-11-29
+(22): four variants of two solutions took a whole 540 s call without timing anything).
+
+    python scripts/tilelang_cache.py --solutions .ab/v1/*.json --out .ab/v1/tilelang-cache.tar.xz
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -27,14 +35,14 @@ ARCHIVE = Path(".tilelang-cache.tar.xz")
 H100_SMS = 132
 
 
-def programs() -> list:
+def programs(kernels=None) -> list:
     """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
     launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype).
     Written out by hand: tests/test_dataset.py checks it against the entry's paged_plan on each
     committed paged workload."""
     from prefill_bundle.testing import tilelang_kernels
 
-    kernels = tilelang_kernels()
+    kernels = kernels or tilelang_kernels()
     jobs = [("float16", causal, None, False, False, False, False) for causal in (True, False)]
     jobs += [("bfloat16", True, None, window, False, False, False) for window in (False, True)]
     for page_size in kernels.PAGE_SIZES:
@@ -47,10 +55,44 @@ def programs() -> list:
     return jobs + [("merge", "bfloat16")]
 
 
-def compile_program(job) -> str:
+def definition_programs(definition: str, jobs: list) -> list:
+    """The jobs a solution of `definition` launches (the merge with the paged ones)."""
+    from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, SWA
+
+    def launched(job) -> bool:
+        if job[0] == "merge":
+            return definition in PAGE_SIZES or definition == PAGED_FP8
+        dtype, _, page_size, window, fp8, _, _ = job
+        if definition == MINI:
+            return dtype == "float16"
+        if definition == RAGGED:
+            return dtype == "bfloat16" and page_size is None and not window
+        if definition == SWA:
+            return window
+        if definition == PAGED_FP8:
+            return fp8
+        return page_size == PAGE_SIZES.get(definition) and not fp8
+
+    return [job for job in jobs if launched(job)]
+
+
+def solution_kernels(path):
+    """The gqa_prefill_kernel module of the TileLang solution in JSON file `path`, or the
+    shipped one's (None)."""
     from prefill_bundle.testing import tilelang_kernels
 
-    kernels = tilelang_kernels()
+    if path is None:
+        return tilelang_kernels()
+    from flashinfer_bench import Solution
+
+    from prefill_bundle.testing import build_solution_object
+
+    solution = Solution.model_validate_json(Path(path).read_text())
+    return tilelang_kernels(build_solution_object(solution))
+
+
+def compile_program(job, path=None) -> str:
+    kernels = solution_kernels(path)
     start = time.perf_counter()
     try:
         if job[0] == "merge":
@@ -67,12 +109,24 @@ def compile_program(job) -> str:
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--solutions", nargs="+", metavar="JSON", help="these solutions' programs")
+    parser.add_argument("--out", type=Path, default=ARCHIVE)
+    options = parser.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="tilelang-cache-"))
     os.environ["TILELANG_CACHE_DIR"] = str(cache)  # the workers inherit it before importing
-    jobs = programs()
+    if options.solutions:
+        from flashinfer_bench import Solution
+
+        jobs = []
+        for path in options.solutions:
+            definition = Solution.model_validate_json(Path(path).read_text()).definition
+            jobs += [(job, path) for job in definition_programs(definition, programs())]
+    else:
+        jobs = [(job, None) for job in programs()]
     failed = []
     with ProcessPoolExecutor(os.cpu_count(), mp_context=get_context("spawn")) as pool:
-        for job, future in [(job, pool.submit(compile_program, job)) for job in jobs]:
+        for job, future in [(job, pool.submit(compile_program, *job)) for job in jobs]:
             try:
                 print(future.result(), flush=True)
             except Exception as error:  # a worker's compile error (or its death): name the job
@@ -80,8 +134,8 @@ def main():
                 failed.append(job)
     if failed:
         return f"{len(failed)} of {len(jobs)} programs failed to compile: {failed}"
-    subprocess.run(["tar", "-C", str(cache), "-cJf", str(ARCHIVE), "."], check=True)
-    print(f"{len(jobs)} programs: {ARCHIVE} ({ARCHIVE.stat().st_size / 2**20:.1f} MiB)")
+    subprocess.run(["tar", "-C", str(cache), "-cJf", str(options.out), "."], check=True)
+    print(f"{len(jobs)} programs: {options.out} ({options.out.stat().st_size / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

@@ -327,3 +327,28 @@ def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():
             picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack))
     assert any(key[-1] for key in picked), "some workload is decode-like (packed)"
     assert picked <= programs, picked - programs
+
+
+def test_tilelang_cache_splits_the_programs_by_definition(tmp_path):
+    """tilelang_cache.py --solutions: a solution's definition picks its programs; every program
+    belongs to some definition, the FP8 ones to the FP8 definition only, and a variant's module
+    is its own (its knobs, not the shipped pack_config)."""
+    cache_script = load_script("tilelang_cache")
+    programs = cache_script.programs()
+    by_definition = {
+        name: cache_script.definition_programs(name, programs)
+        for name in (MINI, RAGGED, SWA, PAGED_FP8, *PAGE_SIZES)
+    }
+    assert set().union(*by_definition.values()) == set(programs)
+    assert all(job[4] for job in by_definition[PAGED_FP8] if job[0] != "merge")
+    for name, page_size in PAGE_SIZES.items():
+        assert {job[2] for job in by_definition[name] if job[0] != "merge"} == {page_size}
+    assert ("merge", "bfloat16") in by_definition[PAGED_FP8]
+    assert ("merge", "bfloat16") not in by_definition[RAGGED]
+    variant_script = load_script("tilelang_variant")
+    variant = variant_script.variant("tilelang_fp8kv", {"block_N": 64, "num_stages": 3}, pack=True)
+    path = tmp_path / "variant.json"
+    path.write_text(variant.model_dump_json())
+    kernels = cache_script.solution_kernels(str(path))
+    assert kernels.pack_config()["block_N"] == 64 and kernels.pack_config()["num_stages"] == 3
+    assert cache_script.solution_kernels(None).pack_config()["block_N"] == 128

@@ -52,6 +52,7 @@ class BuildKnobs:
     fp8_split_q: bool = True  # FP8 Q K^T on the cache's K, bf16 q in two e4m3 terms
     fp8_f16_pv: bool = True  # FP8 P V in float16 (V by the hardware cvt), else in q's dtype
     idle_warpgroup_waits: bool = True  # a warpgroup without the item's tokens computes nothing
+    share_waves: int = 8  # decode-like paged batches: key shares for this many items an SM
 
     def cpp(self) -> str:
         families = ", ".join(k.cpp() for k in (self.causal, self.full, self.paged))
@@ -60,7 +61,7 @@ class BuildKnobs:
             for f in (self.fp8_bf16_bits, self.fp8_split_q, self.fp8_f16_pv,
                       self.idle_warpgroup_waits)  # fmt: skip
         )
-        return f"BuildKnobs<{families}, {flags}>"
+        return f"BuildKnobs<{families}, {flags}, {self.share_waves}>"
 
     def as_built(self) -> dict:
         """What built_knobs() returns for a build of these knobs."""

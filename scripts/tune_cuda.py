@@ -67,6 +67,13 @@ VARIANTS = {
     # cuda/TUNING.md, decode-like rows: the idle warpgroup). --json cuda_fp8kv .ab
     # busy_idle_warpgroup, then compare_gpu.py cuda_fp8kv --old .ab/*.json.
     "busy_idle_warpgroup": BuildKnobs(idle_warpgroup_waits=False),
+    # Key shares of decode-like paged batches (split_merge.cuh, kv_shares): enough for 4 or 16
+    # items an SM instead of 8 (single_token_rows_16: 4 / 16 shares instead of 8; Triton's best
+    # was 16 shares of its 16-row tiles, triton/TUNING.md). Not yet measured: --json cuda_fp8kv
+    # .ab share_waves_4 share_waves_16, then compare_gpu.py cuda_fp8kv --old .ab/*.json
+    # --workloads single_token_rows_16.
+    "share_waves_4": BuildKnobs(share_waves=4),
+    "share_waves_16": BuildKnobs(share_waves=16),
     # Scale the logits first (one FMUL each), then exp2(s - max).
     "unfolded_scale": BuildKnobs(
         causal=replace(SHIPPED_CAUSAL, fold_scale=False),

@@ -332,7 +332,8 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
     launch.pages = pages;
     const int shares =
         kv_shares(q_rows, params.batch, int64_t(params.total_kv) * kPageSize, num_items,
-                  multiprocessors(device.device_id), PagedHopperTiles::kBlockN);
+                  multiprocessors(device.device_id), PagedHopperTiles::kBlockN,
+                  Knobs::kShareWaves);
     const int64_t rows = q_rows * kNumHeads;  // (token, head) rows of output and lse
     const size_t part_bytes = size_t(shares) * size_t(rows) * kHeadDim * sizeof(T);
     if (shares > 1) {  // the shares' results go to a workspace, merged into out and lse below

@@ -99,8 +99,11 @@ using ShippedKnobs =
 // warpgroup whose 64 rows hold no token of the item (a decode-like item's 4-16 rows are all
 // warpgroup 0's) computes nothing for it, only frees each ring stage once loaded and Q's
 // buffer (TUNING.md, decode-like rows: the idle warpgroup; FP8 single-token rows 1.25x).
+// kShareWaves (host plan, kv_shares in split_merge.cuh): decode-like paged batches split each
+// item's keys into enough shares for this many items an SM.
 template <typename Causal, typename Full, typename Paged, bool kFp8Bf16Bits_,
-          bool kFp8SplitQ_ = false, bool kFp8F16Pv_ = false, bool kIdleWarpgroupWaits_ = false>
+          bool kFp8SplitQ_ = false, bool kFp8F16Pv_ = false, bool kIdleWarpgroupWaits_ = false,
+          int kShareWaves_ = 8>
 struct BuildKnobs {
   using CausalTiles = Causal;
   using FullTiles = Full;
@@ -109,12 +112,13 @@ struct BuildKnobs {
   static constexpr bool kFp8SplitQ = kFp8SplitQ_;
   static constexpr bool kFp8F16Pv = kFp8F16Pv_;
   static constexpr bool kIdleWarpgroupWaits = kIdleWarpgroupWaits_;
+  static constexpr int kShareWaves = kShareWaves_;
 };
 
 // Every flag named: a template default flipped alone does not change the shipped build.
 using ShippedBuildKnobs = BuildKnobs<ShippedKnobs<KernelFamily::kCausal>,
                                      ShippedKnobs<KernelFamily::kFull>,
-                                     ShippedKnobs<KernelFamily::kPaged>, true, true, true, true>;
+                                     ShippedKnobs<KernelFamily::kPaged>, true, true, true, true, 8>;
 
 // The one hook: a variant defines GQA_PREFILL_KNOBS as a BuildKnobs<...> type.
 #ifndef GQA_PREFILL_KNOBS

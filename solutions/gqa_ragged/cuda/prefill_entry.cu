@@ -269,7 +269,8 @@ tvm::ffi::String built_knobs() {
          ", \"fp8_bf16_bits\": " + (Knobs::kFp8Bf16Bits ? "true" : "false") +
          ", \"fp8_split_q\": " + (Knobs::kFp8SplitQ ? "true" : "false") +
          ", \"fp8_f16_pv\": " + (Knobs::kFp8F16Pv ? "true" : "false") +
-         ", \"idle_warpgroup_waits\": " + (Knobs::kIdleWarpgroupWaits ? "true" : "false") + "}";
+         ", \"idle_warpgroup_waits\": " + (Knobs::kIdleWarpgroupWaits ? "true" : "false") +
+         ", \"share_waves\": " + std::to_string(Knobs::kShareWaves) + "}";
 }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_padded, run_padded);

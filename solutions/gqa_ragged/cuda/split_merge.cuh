@@ -19,15 +19,14 @@ constexpr int kMaxKvShares = 16;
 // Key shares for a paged batch on the Hopper path (the host's plan): decode-like batches (at
 // most 4 query tokens a sequence: an item a sequence and KV head, too few to fill the GPU, and
 // each as long as its context) split each item's keys into shares of at least kMinShareTiles
-// key tiles of the average sequence, enough for kShareWaves items an SM, at most
-// kMaxKvShares; 1 otherwise. From shapes only (keys: kv_indices entries x page size, an upper
-// bound). Not yet measured: cuda/TUNING.md.
-constexpr int kShareWaves = 8;
+// key tiles of the average sequence, enough for share_waves items an SM (Knobs::kShareWaves),
+// at most kMaxKvShares; 1 otherwise. From shapes only (keys: kv_indices entries x page size, an
+// upper bound). The share count is not swept yet: cuda/TUNING.md, decode-like rows.
 constexpr int kMinShareTiles = 4;
 inline int kv_shares(int64_t total_q, int64_t batch, int64_t keys, int64_t items, int sms,
-                     int block_n) {
+                     int block_n, int share_waves) {
   if (batch < 1 || total_q > 4 * batch || items < 1) return 1;
-  const int64_t by_occupancy = kShareWaves * int64_t(sms) / items;
+  const int64_t by_occupancy = share_waves * int64_t(sms) / items;
   const int64_t by_length = keys / batch / (kMinShareTiles * block_n);
   return static_cast<int>(std::clamp<int64_t>(std::min(by_occupancy, by_length), 1, kMaxKvShares));
 }

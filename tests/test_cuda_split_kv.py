@@ -32,6 +32,7 @@ TOKENS_PER_TILE = 32
 DRIVER = r"""
 #include <cstdio>
 #include <cstring>
+#include "hopper_knobs.cuh"
 #include "mask_softmax.cuh"
 #include "split_merge.cuh"
 using namespace gqa_prefill;
@@ -39,7 +40,7 @@ using namespace gqa_prefill;
 //   clip tok0 tile_tokens seq_q seq_kv shares entry -> per share: kv_start seq_kv causal_offset
 //        kv_len, then needs_mask of each of its key tiles (mask_tile's test)
 //   merge shares lse... -> merged lse, then the weights
-//   plan total_q batch keys items sms -> kv_shares
+//   plan total_q batch keys items sms -> kv_shares (the shipped build's share_waves)
 int main() {
   char mode[8];
   while (std::scanf("%7s", mode) == 1) {
@@ -79,7 +80,7 @@ int main() {
       long long total_q, batch, keys, items;
       int sms;
       std::scanf("%lld %lld %lld %lld %d", &total_q, &batch, &keys, &items, &sms);
-      std::printf("%d\n", kv_shares(total_q, batch, keys, items, sms, 128));
+      std::printf("%d\n", kv_shares(total_q, batch, keys, items, sms, 128, Knobs::kShareWaves));
     }
   }
 }

@@ -35,14 +35,14 @@ ARCHIVE = Path(".tilelang-cache.tar.xz")
 H100_SMS = 132
 
 
-def programs(kernels=None) -> list:
+def programs() -> list:
     """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
     launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype).
     Written out by hand: tests/test_dataset.py checks it against the entry's paged_plan on each
     committed paged workload."""
     from prefill_bundle.testing import tilelang_kernels
 
-    kernels = kernels or tilelang_kernels()
+    kernels = tilelang_kernels()
     jobs = [("float16", causal, None, False, False, False, False) for causal in (True, False)]
     jobs += [("bfloat16", True, None, window, False, False, False) for window in (False, True)]
     for page_size in kernels.PAGE_SIZES:
@@ -71,7 +71,7 @@ def definition_programs(definition: str, jobs: list) -> list:
             return window
         if definition == PAGED_FP8:
             return fp8
-        return page_size == PAGE_SIZES.get(definition) and not fp8
+        return definition in PAGE_SIZES and page_size == PAGE_SIZES[definition] and not fp8
 
     return [job for job in jobs if launched(job)]
 
@@ -118,10 +118,10 @@ def main():
     if options.solutions:
         from flashinfer_bench import Solution
 
-        jobs = []
+        shipped, jobs = programs(), []
         for path in options.solutions:
             definition = Solution.model_validate_json(Path(path).read_text()).definition
-            jobs += [(job, path) for job in definition_programs(definition, programs())]
+            jobs += [(job, path) for job in definition_programs(definition, shipped)]
     else:
         jobs = [(job, None) for job in programs()]
     failed = []

@@ -75,8 +75,6 @@ def paged_cases(names=LONG_KEYS) -> list:
     ]
 
 
-PAGED = paged_cases()
-
 # --decode: the decode tiles' knobs (_launch_config's decode-like branch, _kv_splits' shares).
 DECODE_CONFIGS = [
     dict(HEADS_PER_TILE=4, BLOCK_M=16, BLOCK_N=block_n, ROW_BLOCKS=1, num_warps=4,
@@ -176,9 +174,8 @@ def main():
                else CONFIGS)  # fmt: skip
     if args.stages:  # e.g. --paged --stages 3 4 5: the page-size-1 gathers' loads in flight
         configs = [{**c, "num_stages": n} for c in configs for n in args.stages]
-    cases = MID if args.mid else PAGED if args.paged else DECODE if args.decode else BIG
-    if args.paged and args.workloads:
-        cases = paged_cases(args.workloads)
+    cases = (MID if args.mid else paged_cases(args.workloads or LONG_KEYS) if args.paged
+             else DECODE if args.decode else BIG)  # fmt: skip
     print("gpu at start:", clocks())
     results = time_configs(cases, configs)
     print("gpu after timing:", clocks())

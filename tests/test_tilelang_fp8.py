@@ -233,10 +233,14 @@ def steps_module():
 
 def test_fp8_split_q_is_on_in_the_shipped_fp8_config():
     """The FP8 programs are causal and paged (block_config(dtype, True, False)); the packed
-    decode-like ones (pack_config) keep the conversion either way (split_q_applies)."""
+    decode-like ones (pack_config) split q over FP8 caches under bfloat16 q, with three ring
+    stages in the room that K's staging and 16-bit slots left (TUNING.md, GQA head packing)."""
     kernels = tilelang_kernels()
     assert all(kernels.block_config(d, True, False)[SPLIT_Q] is True for d in FP8_DTYPES)
-    assert not kernels.pack_config().get(SPLIT_Q, False)
+    packed_fp8 = kernels.pack_config("bfloat16", kernels.FP8_E4M3)
+    assert packed_fp8[SPLIT_Q] is True and packed_fp8["num_stages"] == 3
+    for config in (kernels.pack_config(), kernels.pack_config("float16", kernels.FP8_E4M3)):
+        assert not config.get(SPLIT_Q, False) and config["num_stages"] == 2
     assert kernels.pack_config()["fp8_f16_pv"] is True  # P V in float16 there too
 
 
@@ -248,17 +252,17 @@ FP8_DTYPES = ("bfloat16", "float16")
     [
         ("bfloat16", True, False, False, True),
         ("float16", True, False, False, False),  # 11 bits: two e4m3 terms hold 8
-        ("bfloat16", True, True, False, False),  # the decode-like programs convert K
-        ("bfloat16", True, False, True, False),
-        ("bfloat16", True, True, True, False),
+        ("bfloat16", True, True, False, True),  # split, packed or both: the decode-like ones
+        ("bfloat16", True, False, True, True),
+        ("bfloat16", True, True, True, True),
         ("bfloat16", False, False, False, False),  # 16-bit caches: nothing to split for
     ],
 )
-def test_fp8_split_q_applies_to_the_unpacked_bfloat16_program_only(
+def test_fp8_split_q_applies_to_the_bfloat16_programs_over_fp8_caches(
     dtype, fp8, split, pack, applies
 ):
-    """A knob merged into every block_config (scripts/tilelang_variant.py) reaches every
-    program; only the unpacked, unsplit bfloat16 one over FP8 caches changes."""
+    """A knob merged into every config (scripts/tilelang_variant.py) reaches every program;
+    only the bfloat16 ones over FP8 caches change (split, packed or not)."""
     kernels = tilelang_kernels()
     steps = steps_module().build_steps(
         dtype, True, 64 if pack else 128, 128, 64, cache_dtype=kernels.FP8_E4M3 if fp8 else None,

@@ -204,7 +204,7 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     producer 56, 72 beside page size 1's gather, 96 beside FP8's conversion; the consumers 240,
     FP8's 216 or the gather's 224), Q gathered by cp.async on q_full (no Q descriptor), outputs from
     registers, 0 spills. Page size 1's packed split program passes the sync planner that its
-    unpacked one fails."""
+    unpacked one fails. FP8 (bfloat16 q): pack_config's fp8_split_q and three ring stages."""
     kernels = tilelang_kernels()
     cache_dtype = kernels.FP8_E4M3 if fp8 else None
     kernel, ptxas = compile_fresh(
@@ -222,9 +222,14 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     else:
         assert "tl_page_window" not in source
     assert "tl::warpgroup_reg_dealloc<%d>" % (96 if fp8 else 72 if page_size == 1 else 56) in source
-    # FP8 (bfloat16 q): P V in float16 (fp8_f16_pv in pack_config), V by the prelude's cvt.
+    # FP8 (bfloat16 q): P V in float16 (fp8_f16_pv in pack_config), V by the prelude's cvt;
+    # Q K^T in e4m3 on the cache's K (fp8_split_q), no K conversion; three ring stages.
     assert ("tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16" in source) == fp8
     assert ("tl_e4m3x8_to_f16x8_x8((" in source) == fp8
+    assert ("tl::wgmma_ss<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3" in source) == fp8
+    assert "tl_e4m3x8_to_bf16x8_x8((" not in source
+    stages = 3 if fp8 else 2
+    assert f"uint64_t k_full_mem[{stages}];" in source
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 

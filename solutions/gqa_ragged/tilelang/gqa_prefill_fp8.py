@@ -32,8 +32,8 @@ cvt to f16x2 and two cvt f16 -> bf16.
 Shared memory: the 16-bit program's ring (128 KB) and Q (32 KB), and two staging buffers of
 32 KB (K8 and V8 [2, 128, 128]) in place of the output buffer: 224 KB.
 
-Knob fp8_split_q (on in the shipped causal config; bfloat16 q, unpacked and unsplit programs
-only: split_q_applies): Q K^T in e4m3 on the cache's own K, as the CUDA and Triton kernels'.
+Knob fp8_split_q (on in the shipped causal config and, for bfloat16 q over FP8 caches, in
+pack_config; every bfloat16 FP8 program: bf16_over_fp8): Q K^T in e4m3 on the cache's own K, as the CUDA and Triton kernels'.
 The ring's K slots are e4m3 [2, 128, 128] (16 KB a stage, 128-byte swizzled, as the e4m3
 wgmma reads them: K-major); the loader warps wait for a slot's release and the first issues
 K's pages by TMA straight into it (a box of 64 slots x 128 bytes a page in the cache), then
@@ -45,7 +45,7 @@ in two terms of 4; values under 1/4 once scaled within 2^-10), written into Q_hi
 softmax takes scale x 2^-e per row. Shared memory 192 KB (ring 96 KB, Q 32 KB, V8 32 KB, Q_hi
 and Q_lo 32 KB).
 
-Knob fp8_f16_pv (bfloat16 q, every FP8 program: f16_pv_applies; on in the shipped configs):
+Knob fp8_f16_pv (bfloat16 q, every FP8 program: bf16_over_fp8; on in the shipped configs):
 P V in float16. V's ring slots are float16, converted by the hardware cvt.rn.f16x2.e4m3x2
 (FP8_TO_F16: one a pair, the bit-level bf16 conversion's four), and P is rounded to float16
 (11 significant bits, bf16's 8; P <= 1, |V| <= 448); the output stays bfloat16.
@@ -143,17 +143,11 @@ __device__ __forceinline__ void tl_e4m3x8_to_f16x8_x{GROUP}({SOURCES}, {DESTINAT
 """
 
 
-def f16_pv_applies(dtype: str, cache_dtype) -> bool:
-    """Whether knob fp8_f16_pv changes the program: FP8 caches under bfloat16 q (float16 q's P V
-    is float16 already), split, packed or not."""
+def bf16_over_fp8(dtype: str, cache_dtype) -> bool:
+    """Whether knobs fp8_split_q and fp8_f16_pv change the program: FP8 caches under bfloat16 q
+    (float16's 11 bits do not fit two e4m3 terms, and its P V is float16 already), split,
+    packed or not."""
     return cache_dtype == FP8_E4M3 and dtype == "bfloat16"
-
-
-def split_q_applies(dtype: str, cache_dtype, split: bool, pack: bool) -> bool:
-    """Whether knob fp8_split_q changes the program: FP8 caches, bfloat16 q (float16's 11 bits
-    do not fit two e4m3 terms), unpacked and unsplit (the decode-like programs keep the
-    conversion: their tiles are mostly padding rows, and Triton's split lost 7% there)."""
-    return f16_pv_applies(dtype, cache_dtype) and not split and not pack
 
 
 def fp8_paged_kv(
@@ -161,9 +155,9 @@ def fp8_paged_kv(
 ) -> SimpleNamespace:
     """The FP8 source: the 16-bit page-size-64 source (source, helpers: gqa_prefill_kv's) with
     its own kernel arguments, scratch and producer loads. split_q (knob fp8_split_q, bfloat16
-    q: split_q_applies): K goes by TMA straight into an e4m3 ring and the consumers split Q in
+    q: bf16_over_fp8): K goes by TMA straight into an e4m3 ring and the consumers split Q in
     two e4m3 terms (SplitQ); only V is staged and converted. f16_pv (knob fp8_f16_pv, bfloat16
-    q: f16_pv_applies): V converted to float16 (FP8_TO_F16) and P V in float16."""
+    q: bf16_over_fp8): V converted to float16 (FP8_TO_F16) and P V in float16."""
     assert cache_dtype == FP8_E4M3, "FP8 caches are float8_e4m3fn"
     dtype, block_N, total_q = dims.dtype, dims.block_N, dims.total_q
     page_size, pages_per_tile = source.page_size, helpers.pages_per_tile

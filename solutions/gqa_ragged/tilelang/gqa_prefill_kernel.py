@@ -20,7 +20,7 @@ of comparison). Measurements behind the choices: TUNING.md.
 
 import tilelang
 
-from .gqa_prefill_fp8 import FP8_E4M3
+from .gqa_prefill_fp8 import FP8_E4M3, bf16_over_fp8
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_split import PACK_BLOCK_M, decode_like, kv_shares, merge_shares
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
@@ -81,7 +81,7 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     turns (pingpong: +1-3% on causal padded and ragged batches; the window, paged and FP8
     programs lost up to 10% with it: TUNING.md, "An item's transitions"). fp8_split_q: over FP8
     caches with bfloat16 q, Q K^T as two e4m3 wgmmas on the cache's K (+7-17% on an H200,
-    TUNING.md, FP8); the programs it does not apply to ignore it (split_q_applies).
+    TUNING.md, FP8); the programs it does not apply to ignore it (bf16_over_fp8).
     fp8_f16_pv: over FP8 caches with bfloat16 q, P V in float16 (V converted by the hardware
     cvt, one a pair: TUNING.md, FP8)."""
     del dtype  # the measurements do not separate the dtypes
@@ -93,13 +93,18 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     return dict(block_M=128, block_N=176, num_stages=2, ws=True, persistent=True, output_in_q=True)
 
 
-def pack_config() -> dict:
+def pack_config(dtype: str = None, cache_dtype: str = None) -> dict:
     """GQA head packing's tiles: 64 rows (16 tokens x 4 query heads), one consumer warpgroup
     (a decode-like tile has 4-16 useful rows: a 128-row tile's second warpgroup would compute
-    padding only; TUNING.md, GQA head packing). fp8_f16_pv as in block_config."""
-    return dict(
+    padding only; TUNING.md, GQA head packing). fp8_f16_pv as in block_config. bfloat16 q over
+    FP8 caches: fp8_split_q too (K not converted, 48 KB a ring stage), which leaves room for a
+    third stage (single-token rows +18% kernel time on an H200: TUNING.md, GQA head packing)."""
+    config = dict(
         block_M=PACK_BLOCK_M, block_N=128, num_stages=2, ws=True, persistent=True, fp8_f16_pv=True
     )  # fmt: skip
+    if bf16_over_fp8(dtype, cache_dtype):
+        config.update(fp8_split_q=True, num_stages=3)
+    return config
 
 
 def gqa_prefill(
@@ -154,9 +159,10 @@ def gqa_prefill(
     pack (paged, causal): GQA head packing, items (token block, KV head), a tile's rows the
     (token, query head) pairs of block_M // 4 tokens (gqa_prefill_steps.build_steps).
 
-    fp8_split_q (a knob, on in the causal block_config: TUNING.md, FP8): over FP8 caches with
-    bfloat16 q, unpacked and unsplit, Q K^T as two e4m3 wgmmas on the cache's K (Q split in
-    two e4m3 terms, K not converted; gqa_prefill_fp8); every other program ignores it.
+    fp8_split_q (a knob, on in the causal block_config and pack_config: TUNING.md, FP8): over
+    FP8 caches with bfloat16 q (split, packed or not), Q K^T as two e4m3 wgmmas on the cache's
+    K (Q split in two e4m3 terms, K not converted; gqa_prefill_fp8); every other program
+    ignores it.
     fp8_f16_pv (a knob, on in block_config and pack_config): over FP8 caches with bfloat16 q
     (every such program: split, packed or not), V's ring and P in float16, V converted by the
     hardware cvt (gqa_prefill_fp8).
@@ -205,9 +211,10 @@ def compile_variant(
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
     sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
     workspaces; pack: GQA head packing); config defaults to block_config(dtype, causal), packed
-    to pack_config()."""
+    to pack_config(dtype, cache_dtype)."""
     contiguous = page_size is None and not window
-    config = config or (pack_config() if pack else block_config(dtype, causal, contiguous))
+    if not config:
+        config = pack_config(dtype, cache_dtype) if pack else block_config(dtype, causal, contiguous)
     func = gqa_prefill(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
         cache_dtype=cache_dtype, split=split, pack=pack, **config,

@@ -81,7 +81,7 @@ def build_kv(page_size, dims, cache_dtype=None, split_q=False, f16_pv=False) -> 
     """The K/V source of one variant: ragged (page_size None) or paged. dims: the variant's
     dtype, block_N, accum_dtype and the symbolic total_q, q_stride and len_indptr; cache_dtype:
     the paged caches' dtype where it is not q's (FP8_E4M3: gqa_prefill_fp8); split_q: FP8's
-    e4m3 Q K^T (gqa_prefill_fp8.split_q_applies); f16_pv: its P V in float16."""
+    e4m3 Q K^T (gqa_prefill_fp8.bf16_over_fp8); f16_pv: its P V in float16."""
     if page_size is None:
         assert cache_dtype is None, "FP8 caches are paged"
         return ragged_kv(dims)

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import tilelang.language as T
 from tilelang import tvm
 
-from .gqa_prefill_fp8 import f16_pv_applies, split_q_applies
+from .gqa_prefill_fp8 import bf16_over_fp8
 from .gqa_prefill_kv import ASYNC_COPY, build_kv
 from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, token_rows
 
@@ -85,10 +85,10 @@ def build_steps(
     ones, as causal; the tiles between run unmasked.
 
     cache_dtype (page size 64): FP8 caches (gqa_prefill_fp8.FP8_E4M3), the kernel's v_scale
-    scaling the output in the epilogue. fp8_split_q (FP8 caches, bfloat16 q, unpacked,
-    unsplit; ignored elsewhere: gqa_prefill_fp8.split_q_applies): Q K^T in e4m3 on the cache's
-    K, Q split in two e4m3 terms by the consumers, a per-row softmax scale. fp8_f16_pv (FP8
-    caches, bfloat16 q: f16_pv_applies): V's ring and P in float16 (kv.v_ring_dtype).
+    scaling the output in the epilogue. fp8_split_q (FP8 caches, bfloat16 q; ignored
+    elsewhere: gqa_prefill_fp8.bf16_over_fp8): Q K^T in e4m3 on the cache's K, Q split in two
+    e4m3 terms by the consumers, a per-row softmax scale. fp8_f16_pv (the same programs): V's
+    ring and P in float16 (kv.v_ring_dtype).
 
     split (causal, paged): split-KV. Output and LSE are fp32 workspaces of shares * total_q
     rows (the symbolic out_rows; share s writes rows s * total_q ...), each share's normalised
@@ -125,8 +125,8 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    split_q = fp8_split_q and split_q_applies(dtype, cache_dtype, split, pack)
-    f16_pv = fp8_f16_pv and f16_pv_applies(dtype, cache_dtype)
+    split_q = fp8_split_q and bf16_over_fp8(dtype, cache_dtype)
+    f16_pv = fp8_f16_pv and bf16_over_fp8(dtype, cache_dtype)
     kv_source = build_kv(page_size, dims, cache_dtype, split_q, f16_pv)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)

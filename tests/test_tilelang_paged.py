@@ -240,11 +240,11 @@ def test_merge_compiles_for_sm90a():
 
 
 def test_split_plan_from_shapes():
-    """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 8
-    waves of 132 SMs, shares of at least 4 key tiles of the average sequence, at most 16."""
+    """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 4
+    waves of 132 SMs (SHARE_WAVES: 4 measured best of 1-8), shares of at least 4 key tiles of the average sequence, at most 16."""
     kv_shares = tilelang_kernels().kv_shares
-    # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 3 shares
-    assert kv_shares(16, 16, 2142 * 64, 132) == 3
+    # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 2 shares
+    assert kv_shares(16, 16, 2142 * 64, 132) == 2
     # tests/test_split_kv_gpu.py's batch: 4 sequences, 5 tokens, ~8.8K keys -> 4 (length)
     assert kv_shares(5, 4, 138 * 64, 132) == 4
     assert kv_shares(1, 1, 1 << 20, 132) == 16  # one long row: the cap
@@ -257,13 +257,13 @@ def test_split_plan_from_shapes():
 def test_pack_plan_from_shapes():
     """GQA head packing for decode-like batches only (at most 4 query tokens a sequence on
     average, shapes only); a packed item is (16-token block, KV head): 8 x (batch + total_q //
-    16) items, so the shares for 8 items an SM grow."""
+    16) items, so the shares for 4 items an SM grow."""
     kernels = tilelang_kernels()
     decode_like, kv_shares = kernels.decode_like, kernels.kv_shares
     assert decode_like(16, 16) and decode_like(5, 4) and decode_like(64, 16)
     assert not decode_like(65, 16) and not decode_like(0, 0) and not decode_like(300, 2)
-    # single_token_rows_16: 8 x 17 = 136 items -> 8 shares (shares of 4.5-14 key tiles)
-    assert kv_shares(16, 16, 2142 * 64, 132, block_M=64, pack=True) == 8
+    # single_token_rows_16: 8 x 17 = 136 items -> 4 shares (shares of 9-28 key tiles)
+    assert kv_shares(16, 16, 2142 * 64, 132, block_M=64, pack=True) == 4
     # test_split_kv_gpu.py's batch: 8 x 4 = 32 items, ~8.8K keys over 4 sequences -> 4 (length)
     assert kv_shares(5, 4, 138 * 64, 132, block_M=64, pack=True) == 4
     assert kv_shares(17, 4, 1 << 20, 132, block_M=64, pack=True) == 1  # prefill
@@ -277,11 +277,11 @@ def test_entry_plan_packs_and_splits_what_compiles():
     prefill batches neither pack nor split; page size 1 splits only packed."""
     plan = entry_module("tilelang_paged_ps64").paged_plan
     single_token = (16, 16, 2142 * 64, 132)  # single_token_rows_16
-    assert plan("bfloat16", 64, False, *single_token) == (True, 8)
-    assert plan("float16", 64, False, *single_token) == (True, 8)
-    assert plan("bfloat16", 64, True, *single_token) == (True, 8)
+    assert plan("bfloat16", 64, False, *single_token) == (True, 4)
+    assert plan("float16", 64, False, *single_token) == (True, 4)
+    assert plan("bfloat16", 64, True, *single_token) == (True, 4)
     assert plan("float16", 64, True, *single_token) == (True, 1)
-    assert plan("bfloat16", 1, False, 16, 16, 136546, 132) == (True, 8)
+    assert plan("bfloat16", 1, False, 16, 16, 136546, 132) == (True, 4)
     assert plan("bfloat16", 64, False, 2048, 1, 8192, 132) == (False, 1)
     assert plan("bfloat16", 1, False, 2048, 1, 8192, 132) == (False, 1)
     kernels = tilelang_kernels()

@@ -22,7 +22,7 @@ import tilelang.language as T
 from .gqa_prefill_shapes import GROUP_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
 
 DECODE_TOKENS = 4  # query tokens a sequence (on average) up to which a batch is decode-like
-SHARE_WAVES = 8  # items an SM the shares aim for (dynamic schedule: short items even out)
+SHARE_WAVES = 4  # items an SM the shares aim for (4 of 1-8: TUNING.md, split-KV)
 MIN_SHARE_TILES = 4  # key tiles of the average sequence a share holds at least
 MAX_SHARES = 16
 MERGE_ROWS = 4  # rows (token x head) a merge block takes: 4 x 128 elements over 128 threads

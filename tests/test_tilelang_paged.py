@@ -241,7 +241,8 @@ def test_merge_compiles_for_sm90a():
 
 def test_split_plan_from_shapes():
     """kv_shares (the entry's plan, shapes only): decode-like batches split, enough items for 4
-    waves of 132 SMs (SHARE_WAVES: 4 measured best of 1-8), shares of at least 4 key tiles of the average sequence, at most 16."""
+    waves of 132 SMs (SHARE_WAVES: 4 measured best of 1-8), shares of at least 4 key tiles of
+    the average sequence, at most 16."""
     kv_shares = tilelang_kernels().kv_shares
     # single_token_rows_16: 16 rows over 136546 keys (2142 pages of 64): 512 items -> 2 shares
     assert kv_shares(16, 16, 2142 * 64, 132) == 2

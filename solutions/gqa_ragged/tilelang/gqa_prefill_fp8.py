@@ -33,7 +33,8 @@ Shared memory: the 16-bit program's ring (128 KB) and Q (32 KB), and two staging
 32 KB (K8 and V8 [2, 128, 128]) in place of the output buffer: 224 KB.
 
 Knob fp8_split_q (on in the shipped causal config and, for bfloat16 q over FP8 caches, in
-pack_config; every bfloat16 FP8 program: bf16_over_fp8): Q K^T in e4m3 on the cache's own K, as the CUDA and Triton kernels'.
+pack_config; every bfloat16 FP8 program: bf16_over_fp8): Q K^T in e4m3 on the cache's own K,
+as the CUDA and Triton kernels'.
 The ring's K slots are e4m3 [2, 128, 128] (16 KB a stage, 128-byte swizzled, as the e4m3
 wgmma reads them: K-major); the loader warps wait for a slot's release and the first issues
 K's pages by TMA straight into it (a box of 64 slots x 128 bytes a page in the cache), then

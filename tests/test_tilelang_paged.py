@@ -95,6 +95,8 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
     assert "tl::tma_load(Q_desc" in source
     assert "tl::__named_barrier_arrive(" not in source  # no pingpong (block_config)
+    # Page size 1 (block_config's gathered): a third ring stage, the output staged in Q's buffer.
+    assert f"uint64_t k_full_mem[{3 if page_size == 1 else 2}];" in source
     # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
     # stage's barrier.
     assert "tl::mbarrier_cp_async_arrive(" in source
@@ -122,6 +124,17 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
         assert "cp.async.cg.shared.global [%0], [%1], 16, ignore;" in source
         assert "tl::cp_async_gs_conditional" not in source
         assert "(((((int)threadIdx.x) & 127) >> 4) * 64)" in source
+
+
+def test_page_size_1_takes_a_third_stage_and_stages_its_output_in_q():
+    """block_config's gathered programs (page size 1) only: 3 stages fit beside Q once the
+    output is staged in Q's buffer (TUNING.md, page size 1: +2-6% on an H200)."""
+    kernels = tilelang_kernels()
+    gathered = kernels.block_config("bfloat16", True, False, gathered=True)
+    assert gathered["num_stages"] == 3 and gathered["output_in_q"] is True
+    plain = kernels.block_config("bfloat16", True, False), kernels.block_config("bfloat16", True)
+    for config in plain:
+        assert config["num_stages"] == 2 and not config.get("output_in_q", False)
 
 
 def check_page_id_window(source: str):

@@ -72,7 +72,7 @@ PACK_SPLIT_VARIANTS = [variant for variant in PACK_VARIANTS if variant != ("floa
 DEFAULT_NUM_SMS = 132
 
 
-def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
+def block_config(dtype: str, causal: bool, contiguous: bool = True, gathered: bool = False) -> dict:
     """Tile sizes and schedule per variant (measured with scripts/tune_tilelang.py: TUNING.md).
     Causal items are short, so each block's prologue and epilogue weigh: the causal kernel is
     persistent. The non-causal one too, its output staged in Q's buffer (output_in_q: an output
@@ -83,12 +83,16 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True) -> dict:
     caches with bfloat16 q, Q K^T as two e4m3 wgmmas on the cache's K (+7-17% on an H200,
     TUNING.md, FP8); the programs it does not apply to ignore it (bf16_over_fp8).
     fp8_f16_pv: over FP8 caches with bfloat16 q, P V in float16 (V converted by the hardware
-    cvt, one a pair: TUNING.md, FP8)."""
+    cvt, one a pair: TUNING.md, FP8).
+    gathered: K/V rows gathered one by one (page size 1): a third ring stage, which fits with
+    the output staged in Q's buffer (output_in_q): more gathered rows in flight (+2-6% on six
+    of the seven page-size-1 workloads on an H200; TUNING.md, page size 1)."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
         return dict(
-            block_M=128, block_N=128, num_stages=2, ws=True, persistent=True, pingpong=contiguous,
-            fp8_split_q=True, fp8_f16_pv=True,
+            block_M=128, block_N=128, num_stages=3 if gathered else 2, ws=True, persistent=True,
+            pingpong=contiguous, fp8_split_q=True, fp8_f16_pv=True,
+            **(dict(output_in_q=True) if gathered else {}),
         )  # fmt: skip
     return dict(block_M=128, block_N=176, num_stages=2, ws=True, persistent=True, output_in_q=True)
 
@@ -210,11 +214,13 @@ def compile_variant(
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
     sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
-    workspaces; pack: GQA head packing); config defaults to block_config(dtype, causal), packed
-    to pack_config(dtype, cache_dtype)."""
+    workspaces; pack: GQA head packing); config defaults to block_config (page size 1:
+    gathered), packed to pack_config(dtype, cache_dtype)."""
     contiguous = page_size is None and not window
-    if not config:
-        config = pack_config(dtype, cache_dtype) if pack else block_config(dtype, causal, contiguous)
+    if not config and pack:
+        config = pack_config(dtype, cache_dtype)
+    elif not config:
+        config = block_config(dtype, causal, contiguous, gathered=page_size == 1)
     func = gqa_prefill(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
         cache_dtype=cache_dtype, split=split, pack=pack, **config,

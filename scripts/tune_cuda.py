@@ -69,9 +69,8 @@ VARIANTS = {
     "busy_idle_warpgroup": BuildKnobs(idle_warpgroup_waits=False),
     # Key shares of decode-like paged batches (split_merge.cuh, kv_shares): enough for 4 or 16
     # items an SM instead of 8 (single_token_rows_16: 4 / 16 shares instead of 8; Triton's best
-    # was 16 shares of its 16-row tiles, triton/TUNING.md). Not yet measured: --json cuda_fp8kv
-    # .ab share_waves_4 share_waves_16, then compare_gpu.py cuda_fp8kv --old .ab/*.json
-    # --workloads single_token_rows_16.
+    # was 16 shares of its 16-row tiles, triton/TUNING.md). Measured 2026-11-29 (23), H200: 4
+    # within 2% of 8, 16 4-10% slower (cuda/TUNING.md, the share count of decode-like rows).
     "share_waves_4": BuildKnobs(share_waves=4),
     "share_waves_16": BuildKnobs(share_waves=16),
     # Scale the logits first (one FMUL each), then exp2(s - max).

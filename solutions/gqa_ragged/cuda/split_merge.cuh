@@ -21,7 +21,8 @@ constexpr int kMaxKvShares = 16;
 // each as long as its context) split each item's keys into shares of at least kMinShareTiles
 // key tiles of the average sequence, enough for share_waves items an SM (Knobs::kShareWaves),
 // at most kMaxKvShares; 1 otherwise. From shapes only (keys: kv_indices entries x page size, an
-// upper bound). The share count is not swept yet: cuda/TUNING.md, decode-like rows.
+// upper bound). Swept on an H200 (cuda/TUNING.md, the share count of decode-like rows): 4
+// and 8 alike, 16 slower; 8 shipped.
 constexpr int kMinShareTiles = 4;
 inline int kv_shares(int64_t total_q, int64_t batch, int64_t keys, int64_t items, int sms,
                      int block_n, int share_waves) {

@@ -91,8 +91,7 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True, gathered: bo
     if causal:
         return dict(
             block_M=128, block_N=128, num_stages=3 if gathered else 2, ws=True, persistent=True,
-            pingpong=contiguous, fp8_split_q=True, fp8_f16_pv=True,
-            **(dict(output_in_q=True) if gathered else {}),
+            pingpong=contiguous, fp8_split_q=True, fp8_f16_pv=True, output_in_q=gathered,
         )  # fmt: skip
     return dict(block_M=128, block_N=176, num_stages=2, ws=True, persistent=True, output_in_q=True)
 

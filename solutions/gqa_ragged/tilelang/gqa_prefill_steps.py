@@ -125,8 +125,8 @@ def build_steps(
         q_stride=q_stride, len_indptr=len_indptr, out_rows=out_rows,
         out_dtype=accum_dtype if split else dtype,
     )  # fmt: skip
-    split_q = fp8_split_q and bf16_over_fp8(dtype, cache_dtype)
-    f16_pv = fp8_f16_pv and bf16_over_fp8(dtype, cache_dtype)
+    fp8_knobs_apply = bf16_over_fp8(dtype, cache_dtype)
+    split_q, f16_pv = fp8_split_q and fp8_knobs_apply, fp8_f16_pv and fp8_knobs_apply
     kv_source = build_kv(page_size, dims, cache_dtype, split_q, f16_pv)
     neg_inf = -T.infinity(accum_dtype)
     nan = T.float32(math.nan)

@@ -2,6 +2,7 @@
 covers, and the ratios it judges, read from the committed traces the way report.md's are) and
 item_balance.py (how the Gluon kernels' item orders load the CTAs)."""
 
+import torch
 from flashinfer_bench import TraceSet
 
 from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
@@ -86,3 +87,37 @@ def test_compare_gpu_names_each_case_by_its_workload():
         assert None not in names and len(set(names)) == len(cases), definition
     fp8 = [compare.WORKLOAD_OF[case.id] for case in compare.CASES[PAGED_FP8][1]]
     assert "single_token_rows_16" in fp8
+
+
+def test_fp8_quantized_products_emulates_what_it_says():
+    """scripts/fp8_quantized_products.py: its exact mode is the softmax reference, its one-term
+    q is e4m3 per element (rows scaled into [128, 256)), and P in e4m3 fails flashinfer-bench's
+    check on a row of two keys where the exact products pass."""
+    emulation = load_script("fp8_quantized_products")
+    torch.manual_seed(0)
+    q, k, v = torch.randn(5, 4, 128), torch.randn(9, 128), torch.randn(9, 128)
+    last_key = torch.tensor([4, 5, 6, 7, 8])
+    scores = torch.einsum("rhd,nd->rhn", q, k) * 0.1
+    hidden = torch.arange(9)[None, :] > last_key[:, None]
+    probs = scores.masked_fill(hidden[:, None, :], float("-inf")).softmax(-1)
+    expected = torch.einsum("rhn,nd->rhd", probs, v)
+    torch.testing.assert_close(emulation.attend(q, k, v, last_key, 0.1, "exact"), expected)
+
+    rounded = emulation.q_one_e4m3_term(q.reshape(20, 128))
+    scale = torch.exp2(7 - torch.floor(torch.log2(q.reshape(20, 128).abs().amax(-1))))[:, None]
+    assert torch.equal((rounded * scale).to(torch.float8_e4m3fn).float(), rounded * scale)
+    assert ((rounded * scale).abs().amax(-1) >= 128).all()
+    assert ((rounded * scale).abs().amax(-1) <= 256).all()
+    assert not torch.equal(rounded, q.reshape(20, 128))
+
+    # Two keys: P = (1, 0.55), e4m3 holds 0.5625; V = -2.5 and 2.5: O moves by 0.02 (2.8%).
+    k2 = torch.zeros(2, 128)
+    k2[1, 0] = torch.log(torch.tensor(0.55))
+    q2 = torch.zeros(1, 1, 128)
+    q2[0, 0, 0] = 1.0
+    v2 = torch.stack([torch.full((128,), -2.5), torch.full((128,), 2.5)])
+    row = torch.tensor([1])
+    ref = emulation.attend(q2, k2, v2, row, 1.0, "exact")
+    assert emulation.flashinfer_bench_fails(ref.bfloat16().float(), ref) == 0
+    p8 = emulation.attend(q2, k2, v2, row, 1.0, "p8").bfloat16().float()
+    assert emulation.flashinfer_bench_fails(p8, ref) == 128

@@ -202,7 +202,8 @@ def fp8_paged_kv(
         """The 16-bit source's (pages, bad), then the staging buffers K8, V8 [2, block_N, 128]
         FP8, their barriers k8_full, v8_full (the first loader warp's 32 arrivals and the TMA
         bytes) and consumed (the 128 converting threads), and the staged tile's page ids (the
-        first loader warp's registers)."""
+        first loader warp's registers), then the next tile's page ids (every loader thread's
+        registers: LoadTile reads them a tile ahead)."""
         pages, bad = helpers.alloc_scratch()
         # split_q: K is not staged (K8 and k8_full None).
         K8 = None if split_q else T.alloc_shared([STAGING, block_N, HEAD_DIM], cache_dtype)
@@ -211,7 +212,8 @@ def fp8_paged_kv(
         v8_full = T.alloc_barrier([32] * STAGING)
         consumed = T.alloc_barrier([LOADER_THREADS] * STAGING)
         staged_pages = T.alloc_local([pages_per_tile], T.int32)
-        return pages, bad, K8, V8, k8_full, v8_full, consumed, staged_pages
+        next_pages = T.alloc_local([pages_per_tile], T.int32)
+        return pages, bad, K8, V8, k8_full, v8_full, consumed, staged_pages, next_pages
 
     @T.macro
     def Stage(cache, staged, full, b, pages, kv_head, boxed):
@@ -227,16 +229,17 @@ def fp8_paged_kv(
         T.mbarrier_arrive(full[b])
 
     @T.macro
-    def StageTile(kv, scratch, t, gt, kv_start, seq_kv, kv_head):
+    def StageTile(kv, scratch, t, gt, kv_start, seq_kv, kv_head, ids_read=False):
         """First loader warp: the item's tile t, the block's gt-th, into staging buffer gt % 2
         once the converting threads are done with its last tile there (gt - 2: consumed's
         phase before this use; a buffer's first use waits for the phase before the first,
-        which counts as complete)."""
+        which counts as complete). ids_read: staged_pages holds tile t's page ids already."""
         K8, V8, k8_full, v8_full, consumed, staged_pages = scratch[2:8]
         b = gt % STAGING
         T.mbarrier_wait_parity(consumed[b], ((gt // STAGING) & 1) ^ 1)
-        for p in T.unroll(pages_per_tile):
-            staged_pages[p] = page_id(kv, kv_start, seq_kv, t * pages_per_tile + p)
+        if not ids_read:
+            for p in T.unroll(pages_per_tile):
+                staged_pages[p] = page_id(kv, kv_start, seq_kv, t * pages_per_tile + p)
         if not split_q:  # split_q: K goes into the ring at its turn (LoadTile)
             Stage(
                 kv[0], K8, k8_full, b, staged_pages, kv_head,
@@ -250,7 +253,10 @@ def fp8_paged_kv(
     @T.macro
     def StartItem(kv, scratch, ring, tiles, kv_start, seq_kv, kv_head):
         """Loader warps, at an item with tiles >= 1 tiles whose tile 0 is the block's ring-th:
-        the first warp stages tiles 0 and 1."""
+        the first warp stages tiles 0 and 1; every thread reads tile 0's page ids
+        (ReadPageIds)."""
+        for p in T.unroll(pages_per_tile):
+            scratch[8][p] = page_id(kv, kv_start, seq_kv, p)
         if T.get_thread_binding() % LOADER_THREADS < 32:
             StageTile(kv, scratch, 0, ring, kv_start, seq_kv, kv_head)
             if tiles > 1:
@@ -305,6 +311,20 @@ def fp8_paged_kv(
                         )  # fmt: skip
 
     @T.macro
+    def ReadPageIds(kv, scratch, k, kv_start, seq_kv):
+        """Tile k's page ids into pages (read at tile k - 1, or by StartItem), and
+        the loads of tile k + 1's (next_pages) and, for the first warp's staging, tile k + 2's
+        (staged_pages) issued: their latency passes under this tile's waits and conversion
+        instead of leading the next one's (read at each tile's start, ncu had the loader
+        warps wait a page-id load twice a tile: TUNING.md, FP8)."""
+        pages, staged_pages, next_pages = scratch[0], scratch[7], scratch[8]
+        for p in T.unroll(pages_per_tile):
+            pages[p] = next_pages[p]
+            next_pages[p] = page_id(kv, kv_start, seq_kv, (k + 1) * pages_per_tile + p)
+        for p in T.unroll(pages_per_tile):  # every thread (a guard here breaks TileLang's sync)
+            staged_pages[p] = page_id(kv, kv_start, seq_kv, (k + STAGING) * pages_per_tile + p)
+
+    @T.macro
     def LoadTile(kv, ring, num_stages, g, k, kv_start, seq_kv, kv_head, scratch, item, tiles):
         """The producer warpgroup (all four warps): K and V of KV tile k of an item of `tiles`
         tiles, the g-th through the ring and the staging buffers, converted into the ring
@@ -315,7 +335,8 @@ def fp8_paged_kv(
         phase = ((g // num_stages) & 1) ^ 1
         b = g % STAGING
         staged = (g // STAGING) & 1
-        helpers.FindPages(kv, scratch, k, kv_start, seq_kv, item, True)
+        ReadPageIds(kv, scratch, k, kv_start, seq_kv)
+        helpers.CheckPages(kv, scratch, k, seq_kv, item, True)
         if split_q:
             # K's pages in the cache by TMA into the e4m3 ring slot, a box each (64 slots x 128
             # bytes: one 128-byte swizzle row), from the first warp; the slot's other rows keep
@@ -346,7 +367,7 @@ def fp8_paged_kv(
         T.mbarrier_arrive(v_full[stage])
         if T.get_thread_binding() % LOADER_THREADS < 32:
             if k + STAGING < tiles:
-                StageTile(kv, scratch, k + STAGING, g + STAGING, kv_start, seq_kv, kv_head)
+                StageTile(kv, scratch, k + STAGING, g + STAGING, kv_start, seq_kv, kv_head, True)
 
     @T.macro
     def SplitQ(Q_shared, q_split, acc_s, top, scale_log2):

@@ -366,6 +366,19 @@ def test_fp8_split_q_compiles_without_register_spills(dtype):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
+def test_fp8_loader_reads_page_ids_a_tile_ahead():
+    """ReadPageIds: in the loaders' tile loop, tile k's ids come from the registers loaded at
+    tile k - 1 (StartItem: tile 0's), and the loads of tile k + 1's and k + 2's ids (two pages a
+    tile: kv_indices at k x 2 + 2 and + 4) are issued there, none of tile k's own; StageTile
+    takes k + 2's from them (TUNING.md, FP8: page ids a tile ahead)."""
+    source = compiled_split_q()[0]
+    assert re.search(r"pages\[(\w+)\] = next_pages\[\1\];", source)
+    loads = re.findall(r"kv_indices\[\(+\(\(int64_t\)k\) \* \(int64_t\)2\)[^;]*;", source)
+    assert loads and all(load.endswith(("(int64_t)2)];", "(int64_t)4)];")) for load in loads)
+    assert any(load.endswith("(int64_t)2)];") for load in loads)
+    assert any(load.endswith("(int64_t)4)];") for load in loads)
+
+
 def test_fp8_f16_pv_converts_v_with_the_cvt_and_rounds_p_to_float16():
     """Knob fp8_f16_pv (on in the shipped config, with the split): V's ring slots are float16,
     filled by the prelude's grouped cvt.rn.f16x2.e4m3x2 (two a word, no bf16x2 multiply) and,

@@ -379,6 +379,18 @@ def test_fp8_loader_reads_page_ids_a_tile_ahead():
     assert any(load.endswith("(int64_t)4)];") for load in loads)
 
 
+def test_fp8_loaders_convert_without_a_barrier_before():
+    """The staged V tile's TMA landing (v8_full) and the ring slot's release (v_empty) order the
+    conversion's reads and writes: Convert passes its FP8 sources to the prelude with access
+    mask 0, so TileLang's planner puts no 128-thread barrier between those waits and the
+    conversion (the loader warps no longer wait there for the first one's staging: TUNING.md,
+    FP8)."""
+    source = compiled_split_q()[0]
+    (between,) = re.findall(r"v_empty\[[^\n]*\]\.wait\([^\n]*\n(.*?)tl_e4m3x8_to_f16x8_x8\(",
+                            source, re.S)  # fmt: skip
+    assert "__sync_thread_partial" not in between
+
+
 def test_fp8_f16_pv_converts_v_with_the_cvt_and_rounds_p_to_float16():
     """Knob fp8_f16_pv (on in the shipped config, with the split): V's ring slots are float16,
     filled by the prelude's grouped cvt.rn.f16x2.e4m3x2 (two a word, no bf16x2 multiply) and,

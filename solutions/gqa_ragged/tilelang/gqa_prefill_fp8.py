@@ -281,9 +281,13 @@ def fp8_paged_kv(
                     + lane // (HEAD_DIM // VECTOR)
                     for u in range(GROUP)
                 ]  # fmt: skip
+                # The staged sources with access mask 0: their TMA landing (v8_full) and the
+                # staging's next load (consumed) are ordered by mbarriers, and TileLang's
+                # planner would put a 128-thread barrier before each conversion (the loader
+                # warps waiting there for the first one's staging: TUNING.md, FP8).
                 T.call_extern(
                     "handle", f"tl_e4m3x8_to_{convert}x8_x{GROUP}",
-                    *[T.address_of(staged[b, r, c]) for r in rows],
+                    *[T.access_ptr(staged[b, r, c], 0, VECTOR) for r in rows],
                     *[T.address_of(shared[stage, r, c]) for r in rows],
                 )  # fmt: skip
         else:

@@ -526,10 +526,8 @@ def paged_kv(
     # helpers.
     assert page_size == 64, "FP8 caches: page size 64"
     helpers = SimpleNamespace(
-        cache=cache, Body=Body, CheckPages=CheckPages,
-        page_is_whole=page_is_whole,
-        alloc_scratch=alloc_scratch,
-        tile_is_whole=tile_is_whole,
+        cache=cache, Body=Body, CheckPages=CheckPages, page_is_whole=page_is_whole,
+        alloc_scratch=alloc_scratch, tile_is_whole=tile_is_whole,
         in_cache=in_cache, clamp=clamp, page_id=page_id, pages_per_tile=pages_per_tile,
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
     )  # fmt: skip

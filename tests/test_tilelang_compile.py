@@ -88,6 +88,29 @@ def test_variants_cover_both_entry_points():
 COMPILED_VARIANTS = [("bfloat16", True), ("float16", False)]
 
 
+def proxy_fenced_waits(source: str) -> dict:
+    """The consumers' waits on the ring's and Q's full barriers, in source order: {barrier:
+    [whether TileLang's proxy fence is the next statement, ...]}. wgmma reads shared memory
+    through the async proxy, so a slot cp.async wrote (the generic proxy) needs the fence
+    between the wait and the wgmma (PTX ISA, wgmma's async proxy); TMA's writes do not."""
+    lines = [line.strip() for line in source.splitlines()]
+    waits = {}
+    for i, line in enumerate(lines):
+        wait = re.match(r"(k_full|v_full|q_full)\[.*\]\.wait\(", line)
+        if wait:
+            fenced = lines[i + 1] == "tl::fence_proxy_async();"
+            waits.setdefault(wait.group(1), []).append(fenced)
+    return waits
+
+
+def check_v_tail_fence(source: str):
+    """TMA fills every K and V slot but an item's last V (the tail's or a partial page's
+    cp.async): only that wait is fenced."""
+    waits = proxy_fenced_waits(source)
+    assert len(waits["v_full"]) >= 2 and waits["v_full"][-1], waits
+    assert not any(waits["v_full"][:-1]) and not any(waits["k_full"]), waits
+
+
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
 def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
     source, _, _ = compiled(dtype, causal)
@@ -100,6 +123,7 @@ def test_compiles_for_sm90a_with_async_loads_and_wgmma(dtype, causal):
         block_n = tilelang_kernels().block_config(dtype, causal)["block_N"]
         assert source.count(f"tl_copy_v_tail<{block_n}, ") == 1  # V_TAIL_COPY, its one call
         assert source.count("tl::mbarrier_cp_async_arrive(v_full") == 1
+        check_v_tail_fence(source)  # ... fenced before its P V
     else:
         assert "tl::cp_async_gs_conditional<16>(" in source  # 16-byte async copies, bounded
     assert f"tl::wgmma_ss<tl::DataType::{operand}, tl::DataType::{operand}" in source  # Q K^T

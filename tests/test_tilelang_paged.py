@@ -21,9 +21,11 @@ import sys
 import pytest
 import torch
 from test_tilelang_compile import (
+    check_v_tail_fence,
     compile_fresh,
     cpu_programs,
     entry_module,
+    proxy_fenced_waits,
 )
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
@@ -100,7 +102,9 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
     # stage's barrier.
     assert "tl::mbarrier_cp_async_arrive(" in source
+    waits = proxy_fenced_waits(source)
     if page_size == 64:
+        check_v_tail_fence(source)  # a partial page's V: the item's last tile only
         assert "tl::cp_async_gs_conditional<16>(" in source  # TileLang's, zero-filled
         # A TMA box per page: coordinates (columns, slot 0, KV head, page id), the page
         # stride in bytes from the tensor on every call.
@@ -110,6 +114,8 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
         check_page_id_window(source)
     else:
         assert "K_cache_desc" not in source  # gathered, not boxed
+        # Every slot is cp.async's: every K and V wait is fenced before its wgmma.
+        assert all(waits["k_full"]) and all(waits["v_full"]) and len(waits["v_full"]) >= 2
         assert "tl::warpgroup_reg_dealloc<56>" in source  # the loader warpgroup's registers
         # The loaders read a tile's page ids once (a lane's held row) and vote on which rows
         # are read; pass i takes its row's page from lane i of its half warp (a constant
@@ -199,6 +205,9 @@ def test_split_kernels_compile_for_sm90a_without_spills(dtype, fp8):
     assert "float* __restrict__ Output" in source  # the workspace
     if not fp8:
         check_page_id_window(source)
+        check_v_tail_fence(source)
+    else:
+        assert not any(sum(proxy_fenced_waits(source).values(), [])), "FP8 fences in its loaders"
     assert "Used 168 registers" in ptxas
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
@@ -243,6 +252,16 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     assert "tl_e4m3x8_to_bf16x8_x8((" not in source
     stages = 3 if fp8 else 2
     assert f"uint64_t k_full_mem[{stages}];" in source
+    # Q is cp.async's: fenced before Q K^T reads it (FP8 splits it with generic loads instead,
+    # and its loaders fence the ring's converted tiles themselves).
+    waits = proxy_fenced_waits(source)
+    assert waits["q_full"] == [not fp8], waits
+    if fp8:
+        assert not any(waits["k_full"] + waits["v_full"]), waits
+    elif page_size == 1:
+        assert all(waits["k_full"] + waits["v_full"]), waits
+    else:
+        check_v_tail_fence(source)
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 

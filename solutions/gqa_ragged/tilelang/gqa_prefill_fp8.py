@@ -412,6 +412,7 @@ def fp8_paged_kv(
     # split_q: the ring's K is e4m3, and the consumers split Q (SplitQ) into two [block_M, 128]
     # e4m3 buffers (the program allocates them) for two e4m3 Q K^T.
     fp8.split_q = split_q
+    fp8.generic_ring = fp8.generic_v_tail = False  # its loaders fence their own writes
     fp8.k_ring_dtype = cache_dtype if split_q else dtype
     fp8.v_ring_dtype = v_dtype
     fp8.SplitQ = SplitQ

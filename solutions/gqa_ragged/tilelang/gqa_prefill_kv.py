@@ -517,6 +517,8 @@ def paged_kv(
         seq_kv=seq_kv, entry_bad=entry_bad, sequence_ok=sequence_ok, LoadTile=LoadTile,
         CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
         prelude=GATHER_ROW if gather else PAGE_WINDOW,
+        # cp.async writes (gqa_prefill_ws fences them): every row, or a page that is not whole
+        generic_ring=gather, generic_v_tail=not gather,
     )  # fmt: skip
     if not gather:
         source.StartItem = StartItem  # LoadTile then takes the item's tile count

@@ -181,4 +181,5 @@ def ragged_kv(dims) -> SimpleNamespace:
         entry_bad=lambda kv, i: None, sequence_ok=lambda kv, s: None,
         LoadTile=LoadTile, CopyK=CopyK, CopyV=CopyV, out_scale=lambda kv: None,
         prelude=V_TAIL_COPY,
+        generic_v_tail=True,  # the tail's cp.async (gqa_prefill_ws fences it)
     )  # fmt: skip

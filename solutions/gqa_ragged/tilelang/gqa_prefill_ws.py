@@ -139,6 +139,17 @@ def gqa_prefill_ws(
     # against the ring's e4m3 K, both into acc_s; the softmax takes a scale per row.
     split_q = getattr(kv_source, "split_q", False)
 
+    # wgmma reads shared memory through the async proxy, and what cp.async wrote there is the
+    # generic proxy's: the PTX memory model wants a proxy fence between the two (TMA writes
+    # are the async proxy's already; the FP8 loaders fence their own writes). The consumers
+    # fence after the wait on the slot: page size 1 (gathered) every K and V slot, the ragged
+    # and page-size-64 sources the item's last V (a tail or a partial page, copied), packed
+    # programs Q (gathered). As CUDA's kernels (kGenericProxyWrites), where the fence was
+    # measured free (cuda/TUNING.md, page size 1).
+    ring_fence = getattr(kv_source, "generic_ring", False)
+    tail_fence = ring_fence or getattr(kv_source, "generic_v_tail", False)
+    q_fence = steps.pack and not split_q  # split_q reads Q with generic loads (SplitQ)
+
     def q_operand(Q_shared, q_split):
         """Q K^T's first operand: Q's buffer, or split_q's (Q_hi, Q_lo)."""
         return Q_shared if q_split is None else q_split[:2]
@@ -195,12 +206,16 @@ def gqa_prefill_ws(
             T.mbarrier_arrive(v_empty[(g - 2) % num_stages])
         T.copy(acc_s, acc_s_cast)  # P of tile k - 1
         T.mbarrier_wait_parity(k_full[stage], (g // num_stages) & 1)
+        if ring_fence:
+            T.fence_proxy_async()
         if pingpong:
             T.sync_threads(my_barrier, 256)
         QKT(Q_shared, K_shared[stage, :, :], acc_s)
         # The running max of tile k - 1 moved: rescale before its P V adds on.
         Rescale(acc_o, scores_scale)
         T.mbarrier_wait_parity(v_full[prev], ((g - 1) // num_stages) & 1)
+        if ring_fence:
+            T.fence_proxy_async()
         T.wgmma_gemm(acc_s_cast, V_shared[prev, :, :], acc_o, policy=policy)
         if pingpong:
             T.named_barrier_arrive(next_barrier, 256)
@@ -266,6 +281,8 @@ def gqa_prefill_ws(
         T.fill(scores_max, neg_inf)
         T.fill(max_scaled, 0)
         T.mbarrier_wait_parity(q_full[0], items_done[0] & 1)
+        if q_fence:
+            T.fence_proxy_async()
         if split_q:
             # Q's two e4m3 terms and the rows' scales (scores_sum: scratch for the rows' max);
             # from here on Q K^T's operand (q_operand) and the softmax's scale (softmax_scale).
@@ -274,6 +291,8 @@ def gqa_prefill_ws(
 
         # Tile 0: Q K^T and softmax; its P V runs beside tile 1's softmax.
         T.mbarrier_wait_parity(k_full[r % num_stages], (r // num_stages) & 1)
+        if ring_fence:
+            T.fence_proxy_async()
         if pingpong:
             T.sync_threads(my_barrier, 256)
         QKT(q_operand(Q_shared, q_split), K_shared[r % num_stages, :, :], acc_s)
@@ -314,6 +333,8 @@ def gqa_prefill_ws(
         T.copy(acc_s, acc_s_cast)
         Rescale(acc_o, scores_scale)
         T.mbarrier_wait_parity(v_full[last], (g_last // num_stages) & 1)
+        if tail_fence:
+            T.fence_proxy_async()
         T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=policy)
         T.wait_wgmma(0)
         T.mbarrier_arrive(v_empty[last])

@@ -3,6 +3,7 @@ per-SASS-instruction page (the ncu report of scripts/profile_paged.py with Sourc
 
     ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv
     python scripts/stall_by_role.py sass.csv [other.csv ...]
+    python scripts/stall_by_role.py --compare tilelang.csv cuda.csv   # side by side, by role
 
 Per file: samples and instructions by warp role (the code after a `USETMAXREG` to at most 64
 registers is the producer's, to at least 160 the consumers'; the counts in between, as the
@@ -20,6 +21,7 @@ execution counts, millions, give them away).
 import argparse
 import csv
 from collections import Counter, defaultdict
+from pathlib import Path
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -105,11 +107,41 @@ def summarize(path: str, count: int = 15) -> str:
     return "\n".join(out)
 
 
+def compare(paths: list) -> str:
+    """Two or more profiles side by side (e.g. a TileLang kernel and CUDA's on the same K/V): per
+    role, samples and instructions, then each stall reason's samples, a column a profile, the
+    reasons that differ most first (tilelang/TUNING.md, page size 1 against CUDA's)."""
+    tables = []
+    for path in paths:
+        table = defaultdict(Counter)
+        for r in read_rows(path):
+            table[r["role"]].update(r["stalls"])
+            table[r["role"]]["(samples)"] += r["samples"]
+            table[r["role"]]["(M instructions)"] += r["executed"] / 1e6
+        tables.append(table)
+    names = [Path(path).stem[:14] for path in paths]
+    out = [f"{'':26s}" + "".join(f"{name:>15s}" for name in names)]
+    for role in ("consumer", "producer", "prologue"):
+        counters = [table.get(role, Counter()) for table in tables]
+        reasons = set().union(*counters) - {"(samples)", "(M instructions)"}
+        spread = lambda k: max(c[k] for c in counters) - min(c[k] for c in counters)  # noqa: E731
+        out.append(role)
+        for key in ["(samples)", "(M instructions)", *sorted(reasons, key=lambda k: -spread(k))]:
+            if any(c[key] for c in counters):
+                out.append(f"  {key:24s}" + "".join(f"{c[key]:15.1f}" for c in counters))
+    return "\n".join(out)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("csv", nargs="+", help="ncu --page source --csv --print-source sass")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--compare", action="store_true",
+                        help="the profiles' stall reasons side by side, by role")
     options = parser.parse_args()
+    if options.compare:
+        print(compare(options.csv))
+        return
     for path in options.csv:
         print(summarize(path, options.top))
 

@@ -273,6 +273,21 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     assert "long_sb 100%" in summary
     assert " 8.0x cons x   32.0K STSM" in summary
     assert "WARPGROUP" not in summary.split("bank conflicts")[1]  # conflict-free lines omitted
+    # --compare: the same page against one whose consumers wait on barrier twice as long; the
+    # columns are the files', the reason that differs most listed first under its role.
+    rows[4][2], rows[4][7] = "120", "120"
+    other = tmp_path / "other.csv"
+    with open(other, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Kernel Name", "main_kernel"])
+        writer.writerow(columns)
+        writer.writerows(rows)
+    table = script.compare([str(path), str(other)]).splitlines()
+    assert table[0].split() == ["sass", "other"]
+    consumer = table.index("consumer")
+    assert table[consumer + 1].split() == ["(samples)", "78.0", "138.0"]
+    assert table[consumer + 3].split() == ["barrier", "78.0", "138.0"]
+    assert table[table.index("producer") + 3].split() == ["long_sb", "30.0", "30.0"]
 
 
 def test_pairing_rounds_cancel_a_clock_drift():

@@ -257,12 +257,17 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
         ["0x80", "USETMAXREG.DEALLOC.CTAPOOL 0xf0 ;", "0", "1,000", "0", "0", "0", "0", "0"],
         ["0x90", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "6", "215,000", "0", "0", "0", "6", "0"],
     ]
-    path = tmp_path / "sass.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["Kernel Name", "main_kernel"])
-        writer.writerow(columns)
-        writer.writerows(rows)
+
+    def sass_page(name: str):
+        path = tmp_path / name
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["Kernel Name", "main_kernel"])
+            writer.writerow(columns)
+            writer.writerows(rows)
+        return path
+
+    path = sass_page("sass.csv")
     script = load_script("stall_by_role")
     by_role = {}
     for r in script.read_rows(path):
@@ -276,13 +281,7 @@ def test_stall_by_role_splits_samples_at_setmaxnreg(tmp_path):
     # --compare: the same page against one whose consumers wait on barrier twice as long; the
     # columns are the files', the reason that differs most listed first under its role.
     rows[4][2], rows[4][7] = "120", "120"
-    other = tmp_path / "other.csv"
-    with open(other, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["Kernel Name", "main_kernel"])
-        writer.writerow(columns)
-        writer.writerows(rows)
-    table = script.compare([str(path), str(other)]).splitlines()
+    table = script.compare([str(path), str(sass_page("other.csv"))]).splitlines()
     assert table[0].split() == ["sass", "other"]
     consumer = table.index("consumer")
     assert table[consumer + 1].split() == ["(samples)", "78.0", "138.0"]

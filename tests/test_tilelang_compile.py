@@ -325,12 +325,13 @@ _CPU_FORM = [
 ]
 
 
-def cpu_programs(tmp_path_factory, tag: str):
-    """The kernel module rewritten for the C stand-in (shared by the TileLang test files);
-    returns get(config, causal=True, **variant): gqa_prefill's program for that variant and tile
-    config, compiled for the CPU once per test module."""
+def cpu_programs(tmp_path_factory, tag: str, rewrites=()):
+    """The kernel module rewritten for the C stand-in (shared by the TileLang test files; more
+    (pattern, replacement) pairs in rewrites); returns get(config, causal=True, **variant):
+    gqa_prefill's program for that variant and tile config, compiled for the CPU once per test
+    module."""
     folder = tmp_path_factory.mktemp(f"tilelang_{tag}_cpu")
-    module = rewritten_kernel_module(folder, f"gqa_prefill_{tag}_cpu", _CPU_FORM)
+    module = rewritten_kernel_module(folder, f"gqa_prefill_{tag}_cpu", [*_CPU_FORM, *rewrites])
     cache = {}
 
     def get(config: dict, causal: bool = True, **variant):

@@ -324,9 +324,9 @@ def test_entry_plan_packs_and_splits_what_compiles():
 # 2. The TileLang program on the CPU behind the packed entry points ---------------------------
 
 
-@pytest.fixture(scope="module")
-def cpu_paged_kernels(tmp_path_factory):
-    get = cpu_programs(tmp_path_factory, "paged")
+def paged_programs(get):
+    """paged(page_size, config, split, pack): the CPU program of that paged variant (get:
+    cpu_programs'), with get's merge."""
 
     def paged(page_size, config, split=False, pack=False):
         flags = dict(split=split, pack=pack)
@@ -334,6 +334,20 @@ def cpu_paged_kernels(tmp_path_factory):
 
     paged.merge = get.merge
     return paged
+
+
+@pytest.fixture(scope="module")
+def cpu_paged_kernels(tmp_path_factory):
+    return paged_programs(cpu_programs(tmp_path_factory, "paged"))
+
+
+@pytest.fixture(scope="module")
+def cpu_sectioned_kernels(tmp_path_factory):
+    """The paged programs with their items drawn in sections whatever the batch (shipped: long
+    sequences only), so the small batches take that order."""
+    test = "max(SECTION_MIN_KEYS // (page_size or 1), 1) >= batch"
+    rewrite = (test, test.replace(">= batch", ">= 0"))
+    return paged_programs(cpu_programs(tmp_path_factory, "sectioned", [rewrite]))
 
 
 def _paged_launcher(kernel):
@@ -467,6 +481,27 @@ def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, mo
     """Rows of well-formed sequences right, rows that see a key on a bad page id NaN, every other
     row of a malformed sequence NaN, every row written."""
     check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch)
+
+
+# Items drawn in sections (gqa_prefill_steps' DrawItem): a dropped or doubled item leaves rows
+# unwritten or wrong.
+@needs_packed
+@pytest.mark.parametrize(
+    "case", CPU_PAGED_CASES[::2], ids=lambda c: c.id
+)  # fmt: skip
+def test_sectioned_program_on_cpu_matches_reference(
+    case, cpu_sectioned_kernels, monkeypatch
+):  # fmt: skip
+    """Small tiles: many items, so every section holds some. Unpacked (decode-like batches
+    pack, and packed items are not sectioned)."""
+    config = "tiles16x64" if case.page_size == 64 else "tiles32x16"
+    check_program_on_cpu(monkeypatch, cpu_sectioned_kernels, case, config, pack=False)
+
+
+@needs_packed
+@pytest.mark.parametrize("batch", MALFORMED_PAGED_BATCHES[::6], ids=lambda b: b.id)
+def test_sectioned_program_on_cpu_with_malformed_tables(batch, cpu_sectioned_kernels, monkeypatch):
+    check_malformed_program_on_cpu(monkeypatch, cpu_sectioned_kernels, batch, pack=False)
 
 
 # Split-KV on the CPU: every batch through the split program (its shares' workspaces, then the

@@ -24,6 +24,7 @@ def item_steps(
     schedule); consumer_threads: the producer warpgroup's first thread; loader_warps: the
     producer warps that load K and V (the first takes the items)."""
     block_M, slot_of, Locate = steps.block_M, steps.slot_of, steps.Locate
+    sectioned, DrawItem = steps.sectioned, steps.DrawItem
     # The fields read back from item_tile: Locate's and HAS_ITEM (not POISON_SLOT), and a
     # split variant's share fields.
     item_fields, split_fields = steps.item_fields, steps.split_fields
@@ -68,7 +69,13 @@ def item_steps(
             fetch[0] = 0
             if tx == consumer_threads:
                 fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
+                if sectioned:
+                    DrawItem(fetch, kv)
             item = T.shfl_sync(fetch[0], 0)
+        elif sectioned:
+            fetch[0] = T.if_then_else(fetched[0] == 0, block, num_items)
+            DrawItem(fetch, kv)
+            item = fetch[0]
         else:
             item = T.if_then_else(fetched[0] == 0, block, num_items)
         tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)

@@ -67,15 +67,21 @@ def gqa_prefill_pipelined(steps, num_stages: int, threads: int, overlap: bool):
             # Every thread runs the malformed-batch tests whole (this program is the CPU tests'
             # stand-in; gqa_prefill_ws shares them out).
             CheckBatch(indptr, 0, 1, batch_ok)
-            Locate(block, qo_indptr, kv, seq, tile, window_left)
+            item = block
+            if steps.sectioned:
+                drawn = T.alloc_local([1], T.int32)
+                drawn[0] = block
+                steps.DrawItem(drawn, kv)
+                item = drawn[0]
+            Locate(item, qo_indptr, kv, seq, tile, window_left)
             if batch_ok[0] == 0:
-                CheckTile(slot_of(block), indptr, seq, 0, 1, ok, lambda x: x)
+                CheckTile(slot_of(item), indptr, seq, 0, 1, ok, lambda x: x)
                 if ok[0] == 0:  # seq_q = q_tile = 0: no row to compute, as for a spare slot
                     tile[SEQ_Q] = 0
                     tile[Q_TILE] = 0
                 share_row0 = steps.out_row0(tile[SHARE]) if steps.split else None
                 Poison(
-                    indptr, Output, LSE, slot_of(block), tile[HEAD], 0, 1, seq, ok, share_row0
+                    indptr, Output, LSE, slot_of(item), tile[HEAD], 0, 1, seq, ok, share_row0
                 )  # fmt: skip
             q_start, seq_q, kv_start, seq_kv, q_tile, head = (
                 tile[Q_START], tile[SEQ_Q], tile[KV_START], tile[SEQ_KV], tile[Q_TILE], tile[HEAD]

@@ -36,6 +36,10 @@ __all__ = ["GROUP_SIZE", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "build_steps",
 
 LOG2_E = 1.0 / math.log(2.0)
 MAX_BATCH_BITS = 31  # binary search depth: any int32 batch size (idle steps cost a compare)
+# Item sections for long paged sequences (build_steps' DrawItem): from this many keys a
+# sequence on average, sections of this many query heads.
+SECTION_MIN_KEYS = 8192
+SECTION_HEADS = 8  # 2 KV heads: 4 sections
 
 # A work item is a local int32 array `tile`; Locate fills its first TILE_FIELDS entries.
 Q_START = 0  # the sequence's first query row
@@ -141,6 +145,33 @@ def build_steps(
         if split:
             return num_slots - 1 - item // (item_heads * shares)
         return num_slots - 1 - item // item_heads
+
+    # Long sequences: one KV head's K/V is 512 bytes a key (K and V, 16-bit), so at 16K keys a
+    # sequence's 8 KV heads are 64 MB, past the L2's 50 MB, and items of all 32 heads in flight
+    # read it from DRAM again at every wave. Where a paged batch's keys average
+    # SECTION_MIN_KEYS or more (measured from 8K on: +1-4%; shorter batches lost up to 10%), the
+    # items are drawn in sections of SECTION_HEADS query heads (2 KV heads), every slot of a
+    # section before the next (TUNING.md, "Items in L2 sections for long paged sequences").
+    # Paged programs only: in the contiguous ones the draw spilled the loader warp's 24
+    # registers. Not for split or packed items (decode-like: each KV tile is read once anyway).
+    sectioned = page_size is not None and not (split or pack)
+
+    @T.macro
+    def DrawItem(count, kv):
+        """count[0] becomes the work item drawn count[0]-th (the scheduler's count, or the
+        block): itself, or for long sequences the item of the count-th (section, slot, head),
+        each section's slots the last first and its heads side by side. At most 4 sections,
+        counted by comparisons, before the item is located (a division, or the sections'
+        numbers kept through Locate's search, spilled the loader warp's registers). A bijection
+        of [0, num_items) that leaves counts past it past it (the block's last draw)."""
+        if kv_source.kv_rows(kv) // max(SECTION_MIN_KEYS // (page_size or 1), 1) >= batch:
+            run = count[0] // SECTION_HEADS  # the runs of SECTION_HEADS heads
+            sections = range(1, NUM_HEADS // SECTION_HEADS)
+            section = sum(T.if_then_else(run >= k * num_slots, 1, 0) for k in sections)
+            count[0] = (
+                (run - section * num_slots) * item_heads + section * SECTION_HEADS
+                + count[0] % SECTION_HEADS
+            )  # fmt: skip
 
     def bounds(tile, share_clipped=True):
         """(q_pos0, full_end, loop_range): row i sees keys j < seq_kv and, if causal,
@@ -570,6 +601,7 @@ def build_steps(
         tile_fields=SPLIT_FIELDS if split else TILE_FIELDS,
         total_q=total_q, len_indptr=len_indptr, q_stride=q_stride, batch=batch,
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
+        sectioned=sectioned, DrawItem=DrawItem,
         Locate=Locate,
         CheckBatch=CheckBatch, CheckTile=CheckTile, Poison=Poison, bounds=bounds, Mask=Mask,
         MaskTile=MaskTile, MMA0=MMA0, Softmax=Softmax, Rescale=Rescale, MMA1=MMA1,

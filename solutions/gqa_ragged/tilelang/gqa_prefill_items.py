@@ -72,12 +72,11 @@ def item_steps(
                 if sectioned:
                     DrawItem(fetch, kv)
             item = T.shfl_sync(fetch[0], 0)
-        elif sectioned:
-            fetch[0] = T.if_then_else(fetched[0] == 0, block, num_items)
-            DrawItem(fetch, kv)
-            item = fetch[0]
         else:
-            item = T.if_then_else(fetched[0] == 0, block, num_items)
+            fetch[0] = T.if_then_else(fetched[0] == 0, block, num_items)
+            if sectioned:
+                DrawItem(fetch, kv)
+            item = fetch[0]
         tile[HAS_ITEM] = T.if_then_else(item < num_items, 1, 0)
         tile[POISON_SLOT] = -1
         if item < num_items:

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -395,6 +396,26 @@ def entry_module(name_or_runnable):
     if isinstance(name_or_runnable, str):
         runnable = build_solution(name_or_runnable)
     return sys.modules[runnable.metadata.misc["module_name"]]
+
+
+@contextmanager
+def page_gather(mode: str, solution: str):
+    """PREFILL_BUNDLE_PAGE_GATHER=mode ("0": page size 1 gathers rows in the attention loop, "1":
+    it gathers the pages first, then runs the ragged kernel: arguments.gathers_pages) while in
+    the block. A Python entry decides once per shape and keeps the verdict in its plan: its page
+    size 1 plans are dropped on entry and on exit. The CUDA entry reads the variable per call."""
+    runnable = build_solution(solution)
+    plans = None
+    if runnable.metadata.misc.get("module_name") in sys.modules:
+        plans = getattr(entry_module(runnable), "_paged_plans", {}).get(1)
+    with mock.patch.dict(os.environ, {"PREFILL_BUNDLE_PAGE_GATHER": mode}):
+        try:
+            if plans is not None:
+                plans.clear()
+            yield runnable
+        finally:
+            if plans is not None:
+                plans.clear()
 
 
 def tilelang_kernels(name_or_runnable="tilelang_ragged"):

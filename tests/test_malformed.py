@@ -11,7 +11,7 @@ scripts/sanitize_malformed.py runs the same list under compute-sanitizer memchec
 import pytest
 import torch
 
-from prefill_bundle import PAGE_SIZES, PAGED_FP8, RAGGED, SWA
+from prefill_bundle import PAGE_SIZES, PAGED_FP8, PAGED_PS1, RAGGED, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
 from prefill_bundle.paged_malformed import (
     MALFORMED_FP8_BATCHES,
@@ -27,6 +27,7 @@ from prefill_bundle.testing import (
     check_malformed_outputs,
     malformed_expected,
     malformed_inputs,
+    page_gather,
     well_formed_sequences,
 )
 
@@ -129,3 +130,24 @@ def test_malformed_paged_batch(solution, batch):
     inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
     expected = malformed_paged_expected(batch, inputs)
     check_malformed_paged_outputs(run_guarded(solution, inputs), expected)
+
+
+def gathered_cases():
+    """The page size 1 batches with the pages gathered first (arguments.gathers_pages): the
+    copy kernel meets the bad ids, the ragged kernel the bad offsets. Under the interpreter the
+    even ones (test_malformed_paged_batch runs the odd ones through the in-loop gather)."""
+    batches = [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 1]
+    return [
+        pytest.param(name, batch, id=f"{name}-{batch.id}")
+        for name in solutions((PAGED_PS1,))
+        for i, batch in enumerate(batches)
+        if HAS_CUDA or i % 2 == 0
+    ]
+
+
+@pytest.mark.parametrize("solution,batch", gathered_cases())
+def test_malformed_ps1_batch_pages_first(solution, batch):
+    inputs = malformed_paged_inputs(batch, DEVICE, seed=4)
+    expected = malformed_paged_expected(batch, inputs)
+    with page_gather("1", solution):
+        check_malformed_paged_outputs(run_guarded(solution, inputs), expected)

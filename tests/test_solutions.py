@@ -25,12 +25,14 @@ from prefill_bundle.testing import (
     GPU_RAGGED_CASES,
     GPU_SWA_CASES,
     PaddedCase,
+    PagedCase,
     RaggedCase,
     baselines_apply,
     check_outputs,
     fused_qkv_inputs,
     make_inputs,
     nan_neighbour_inputs,
+    page_gather,
     reference_outputs,
     run_solution,
 )
@@ -78,6 +80,25 @@ def test_ragged(solution, case):
 def test_paged(solution, case):
     """Shuffled and shared pages, partly filled last pages, NaN in every unused cache slot."""
     check_against_reference(solution, case)
+
+
+# Page size 1 both ways, whatever arguments.gathers_pages would choose for the case: rows
+# gathered inside the attention loop ("0"), and the pages gathered into contiguous K/V first,
+# then the ragged kernel ("1"; kv_indptr then indexes keys).
+CPU_PS1_CASES = [c for c in CPU_PAGED_CASES if c.page_size == 1]
+GPU_PS1_CASES = [
+    PagedCase((1000, 0, 77), (300, 0, 77), 1),  # 700 rows see no key, an empty sequence
+    PagedCase((4500, 37), (3000, 4000), 1),
+    PagedCase((100, 200, 1), (500, 401, 64), 1, torch.float16, shared_prefix=(400, 400, 0)),
+    PagedCase((1, 1, 3), (200, 64, 130), 1, sm_scale=-0.3),
+]
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["rows_in_loop", "pages_first"])
+@pytest.mark.parametrize("solution,case", matrix(CPU_PS1_CASES, GPU_PS1_CASES, baselines=False))
+def test_page_size_1_both_ways(solution, case, mode):
+    with page_gather(mode, solution):
+        check_against_reference(solution, case)
 
 
 @pytest.mark.parametrize("solution,case", matrix(CPU_FP8_CASES, GPU_FP8_CASES))

@@ -71,7 +71,8 @@ def _store_rows(
     row_head = _opaque(first_head, INTERPRETED) + rows % HEADS_PER_TILE
     row_in_seq = row_token < tokens_left
     # A row that saw no key has acc = 0 and l_i = 0: divide by 1 so that it writes 0, not NaN.
-    saw_key = l_i > 0.0
+    # (!= 0, not > 0: a NaN key (a bad page id, gathered) makes l_i NaN, and the lse too.)
+    saw_key = l_i != 0.0
     if v_scale is None:
         acc = acc / tl.where(saw_key, l_i, 1.0)[:, None]
     else:  # v_scale joins the row's divisor: one divide a row

@@ -133,3 +133,24 @@ def poison_rows(acc, m_i, l_i, query_pos, causal_shift, poison_from):
     m_i = tl.where(poisoned, float("nan"), m_i)
     l_i = tl.where(poisoned, 1.0, l_i)
     return acc, m_i, l_i
+
+
+@triton.jit
+def gather_pages(k_cache, v_cache, kv_indices, k_out, v_out, num_rows, num_pages,
+                 K_PAGE_STRIDE, V_PAGE_STRIDE, ROW: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """Page size 1 before the ragged kernel (arguments.gathers_pages): rows r of k_out and v_out
+    (ROW elements: the key's 8 heads) are page kv_indices[r] of k_cache and v_cache, so
+    kv_indptr indexes them as it indexes kv_indices. An id outside [0, num_pages) is never
+    read: its K row is NaN, so exactly the query rows that see the key come back NaN (as the
+    in-loop gather's poison), and its V row zero."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    listed = rows < num_rows
+    page = tl.load(kv_indices + rows, mask=listed, other=0)
+    good = listed & (page >= 0) & (page < num_pages)
+    page = tl.where(good, page, 0).to(tl.int64)[:, None]
+    cols = tl.arange(0, ROW)[None, :]
+    k = tl.load(k_cache + page * K_PAGE_STRIDE + cols, mask=good[:, None], other=float("nan"))
+    v = tl.load(v_cache + page * V_PAGE_STRIDE + cols, mask=good[:, None], other=0.0)
+    out = rows.to(tl.int64)[:, None] * ROW + cols
+    tl.store(k_out + out, k, mask=listed[:, None])
+    tl.store(v_out + out, v, mask=listed[:, None])

@@ -41,9 +41,11 @@ from .arguments import (
     check_sm_scale,
     check_window_left,
     fold_kv_scales,
+    gathers_pages,
     token_stride,
 )
 from .attention_kernel import gqa_prefill_fwd
+from .paged_kv import gather_pages
 from .split_kv import merge_kv_splits
 
 try:  # Gluon ships with triton >= 3.5 (the pinned 3.6 has it); older ones run the FA-2 kernel
@@ -300,17 +302,24 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     return _split_grid(meta, grid), meta, batch, total_q, total_kv, {}
 
 
-def _plan_paged(page_size, tensors, config=None, cache_dtype=None) -> tuple:
+def _plan_paged(page_size, tensors, config=None, cache_dtype=None, gather=None) -> tuple:
     """Check shapes, dtypes and strides (once per key) and plan the launch: the ragged plan with
     K/V read through the page table. Page ids and lengths stay unread on the host (paged_kv.py).
     tensors: q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len (None for
     page size 1), output, lse. cache_dtype: FP8_DTYPE for FP8 caches (else q's dtype); the
-    kernel specializes on the caches' element type, the tiles the same."""
+    kernel specializes on the caches' element type, the tiles the same. gather (page size 1):
+    gather the pages first and run the ragged kernel (GatherPlan); None: as gathers_pages says."""
     q, k_cache, v_cache, output = *tensors[:3], tensors[7]
     batch, total_q, num_pages, num_kv_indices = check_paged_shapes(
         *tensors, page_size, cache_dtype=cache_dtype
     )
     check_layout(*_paged_arguments(page_size, tensors), INTERPRET)
+    if page_size == 1 and config is None:
+        if gather is None:
+            gather = gathers_pages(total_q, batch, num_kv_indices, q.element_size())
+        if gather and num_kv_indices > 0:
+            return GatherPlan((num_kv_indices, (triton.cdiv(num_kv_indices, GATHER_ROWS),), {},
+                               {}))  # fmt: skip
     tokens_per_seq = total_q / max(batch, 1)
     if (page_size == 64 and cache_dtype is None and not config and num_pages > 0
             and _gluon_suits(q, None, None, output, batch, num_kv_indices * page_size)
@@ -372,6 +381,12 @@ class GluonRaggedPlan(tuple):
 class GluonPagedPlan(tuple):
     """A page size 64 call's plan for the Gluon kernel (gluon_paged_fwd): (batch, grid, the
     FA-2 plan for malformed batches, runners)."""
+
+
+class GatherPlan(tuple):
+    """A page size 1 call that gathers its pages into contiguous K/V first (gather_pages), then
+    runs the ragged plan on them: (num_kv_indices, the gather's grid, its runners, {"ragged":
+    the ragged plan}, made on the first launch: planning it needs the buffers)."""
 
 
 class GluonPlan(tuple):
@@ -639,6 +654,10 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
 def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                  sm_scale, output, lse, v_scale=None):  # fmt: skip
     """v_scale: a float for FP8 caches (a plan of _fp8_plans), else None."""
+    if isinstance(plan, GatherPlan):
+        launch_gathered(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                        output, lse)  # fmt: skip
+        return
     if isinstance(plan, GluonPagedPlan):
         batch, grid, fa2, runners = plan
         args = gluon_attention.paged_launch_args(q, k_cache, v_cache, output, lse, qo_indptr,
@@ -654,3 +673,23 @@ def launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv
             batch, total_q, num_kv_indices, num_pages, sm_scale * LOG2_E, v_scale,
             None)  # fmt: skip
     _launch(grid, meta, runners, args)
+
+
+GATHER_ROWS = 8  # keys a program of gather_pages copies (16 KB of K and V at 16 bits)
+GATHER_CONSTEXPRS = dict(ROW=NUM_KV_HEADS * HEAD_DIM, ROWS=GATHER_ROWS, num_warps=4)
+
+
+def launch_gathered(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                    output, lse):  # fmt: skip
+    """A GatherPlan's call: the pages into two fresh buffers (torch's caching allocator, freed
+    in stream order when the call returns), then the ragged kernel over them, kv_indptr now
+    indexing keys as it indexed pages."""
+    num_kv_indices, grid, runners, ragged = plan
+    kv = torch.empty((2, num_kv_indices, NUM_KV_HEADS, HEAD_DIM), dtype=q.dtype, device=q.device)
+    k, v = kv[0], kv[1]
+    args = (k_cache, v_cache, kv_indices, k, v, num_kv_indices, k_cache.shape[0],
+            k_cache.stride(0), v_cache.stride(0))  # fmt: skip
+    _cached_launch(gather_pages, grid, lambda: GATHER_CONSTEXPRS, runners, q.get_device(), args)
+    if "plan" not in ragged:
+        ragged["plan"] = _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse)
+    launch_ragged(ragged["plan"], q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)

@@ -37,7 +37,8 @@ H100_SMS = 132
 
 def programs() -> list:
     """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
-    launch on the committed workloads (tilelang_prefill._kernel's keys), and ("merge", dtype).
+    launch on the committed workloads (tilelang_prefill._kernel's keys), ("merge", dtype) and
+    ("gather", dtype) (page size 1's page gather, before the ragged program).
     Written out by hand: tests/test_dataset.py checks it against the entry's paged_plan on each
     committed paged workload."""
     from prefill_bundle.testing import tilelang_kernels
@@ -52,21 +53,24 @@ def programs() -> list:
         if dtype == "bfloat16":
             split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
             jobs += [(dtype, True, page_size, False, fp8, s, True) for s in {False, split}]
-    return jobs + [("merge", "bfloat16")]
+    return jobs + [("merge", "bfloat16"), ("gather", "bfloat16")]
 
 
 def definition_programs(definition: str, jobs: list) -> list:
-    """The jobs a solution of `definition` launches (the merge with the paged ones)."""
-    from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, SWA
+    """The jobs a solution of `definition` launches (the merge with the paged ones; page size
+    1's gather and the ragged program it runs after it)."""
+    from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, PAGED_PS1, RAGGED, SWA
 
     def launched(job) -> bool:
         if job[0] == "merge":
             return definition in PAGE_SIZES or definition == PAGED_FP8
+        if job[0] == "gather":
+            return definition == PAGED_PS1
         dtype, _, page_size, window, fp8, _, _ = job
         if definition == MINI:
             return dtype == "float16"
-        if definition == RAGGED:
-            return dtype == "bfloat16" and page_size is None and not window
+        if definition in (RAGGED, PAGED_PS1) and page_size is None:
+            return dtype == "bfloat16" and not window
         if definition == SWA:
             return window
         if definition == PAGED_FP8:
@@ -97,6 +101,8 @@ def compile_program(job, path=None) -> str:
     try:
         if job[0] == "merge":
             kernels.compile_merge(job[1])
+        elif job[0] == "gather":
+            kernels.compile_gather(job[1])
         else:
             dtype, causal, page_size, window, fp8, split, pack = job
             kernels.compile_variant(

@@ -12,7 +12,17 @@ from flashinfer_bench.compile.builder import BuildError
 from flashinfer_bench.data import SupportedLanguages
 from safetensors.torch import load_file
 
-from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA, gpu_timing
+from prefill_bundle import (
+    MINI,
+    PAGE_SIZES,
+    PAGED_FP8,
+    PAGED_PS1,
+    PAGED_PS64,
+    RAGGED,
+    REPO_ROOT,
+    SWA,
+    gpu_timing,
+)
 from prefill_bundle.dataset import out_of_sync
 from prefill_bundle.definitions import FLASHINFER_TRACE_DIR
 from prefill_bundle.packing import SOLUTIONS
@@ -338,8 +348,14 @@ def test_tilelang_cache_holds_every_program_the_paged_workloads_launch():
                 "bfloat16", page_size, fp8, axes["total_q"], axes["len_indptr"] - 1,
                 axes["num_kv_indices"] * page_size, sms,
             )  # fmt: skip
+            if page_size == 1 and entry.gathers_pages(
+                axes["total_q"], axes["len_indptr"] - 1, axes["num_kv_indices"], 2
+            ):  # the pages gathered, then the ragged program
+                picked.add(("gather", "bfloat16"))
+                continue
             picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack))
     assert any(key[-1] for key in picked), "some workload is decode-like (packed)"
+    assert ("gather", "bfloat16") in picked, "some page size 1 workload gathers its pages first"
     assert picked <= programs, picked - programs
 
 
@@ -356,7 +372,11 @@ def test_tilelang_cache_splits_the_programs_by_definition(tmp_path):
     assert set().union(*by_definition.values()) == set(programs)
     assert all(job[4] for job in by_definition[PAGED_FP8] if job[0] != "merge")
     for name, page_size in PAGE_SIZES.items():
-        assert {job[2] for job in by_definition[name] if job[0] != "merge"} == {page_size}
+        paged = {job[2] for job in by_definition[name] if job[0] not in ("merge", "gather")}
+        # page size 1 gathers prefill-like batches' pages first, then runs the ragged program
+        assert paged == ({page_size, None} if page_size == 1 else {page_size})
+    assert ("gather", "bfloat16") in by_definition[PAGED_PS1]
+    assert ("gather", "bfloat16") not in by_definition[PAGED_PS64]
     assert ("merge", "bfloat16") in by_definition[PAGED_FP8]
     assert ("merge", "bfloat16") not in by_definition[RAGGED]
     variant_script = load_script("tilelang_variant")

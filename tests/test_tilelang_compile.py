@@ -358,7 +358,19 @@ def cpu_programs(tmp_path_factory, tag: str, rewrites=()):
             )
         return cache["merge"]
 
+    def gather():
+        """Page size 1's page gather (float16), compiled for the CPU once per test module."""
+        if "gather" not in cache:
+            cache["gather"] = tilelang.compile(
+                module.gather_pages("float16"),
+                target="c",
+                execution_backend="cython",
+                pass_configs={"tirx.disable_vectorize": True},
+            )
+        return cache["gather"]
+
     get.merge = merge
+    get.gather = gather
     return get
 
 

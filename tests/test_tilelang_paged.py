@@ -265,6 +265,16 @@ def test_packed_kernels_compile_for_sm90a_without_spills(dtype, page_size, fp8, 
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
+def test_page_gather_compiles_for_sm90a():
+    """Page size 1's page gather: a thread moves 16 bytes of a key's row (8 heads x 128 over 128
+    threads) from K_cache and V_cache, the page id tested against page_count before the load
+    (a bad one: NaN K, zero V)."""
+    source = tilelang_kernels().compile_gather("bfloat16").get_kernel_source()
+    assert source.count("*(uint4*)(K_cache + ") == 1 and source.count("*(uint4*)(V_cache + ") == 1
+    assert source.count("*(uint4*)(K + ") == 1 and source.count("*(uint4*)(V + ") == 1
+    assert "quiet_NaN()" in source and "< page_count)" in source
+
+
 def test_merge_compiles_for_sm90a():
     kernels = tilelang_kernels()
     source = kernels.compile_merge("bfloat16").get_kernel_source()
@@ -333,6 +343,7 @@ def paged_programs(get):
         return get(config, page_size=page_size, **{k: True for k, v in flags.items() if v})
 
     paged.merge = get.merge
+    paged.gather = get.gather
     return paged
 
 
@@ -391,6 +402,20 @@ def _merge_launcher(kernel):
     return launch
 
 
+def _gather_launcher(kernel):
+    """A stand-in for page size 1's compiled page gather; bfloat16 via float16, caches with a
+    page stride via contiguous copies."""
+
+    def launch(k_cache, v_cache, kv_indices, page_count, k, v):
+        k_cache, v_cache = (x.to(F16).contiguous() for x in (k_cache, v_cache))
+        k16, v16 = (torch.empty_like(x, dtype=F16) for x in (k, v))
+        kernel(k_cache, v_cache, kv_indices, page_count, k16, v16)
+        k.copy_(k16)
+        v.copy_(v16)
+
+    return launch
+
+
 def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str,
                      shares: int = None, pack: bool = None) -> None:  # fmt: skip
     """Point the packed paged entry at the CPU program with config's tiles, its device checks
@@ -401,9 +426,10 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     kernels = tilelang_kernels()
     forced_pack = pack
 
-    def kernel(dtype, causal, device, page_size, fp8=False, split=False, pack=False):
+    def kernel(dtype, causal, device, page_size=None, fp8=False, split=False, pack=False):
         assert forced_pack is None or pack == forced_pack  # both page sizes pack
-        tiles = CPU_PAGED_CONFIGS[page_size][config]
+        # page_size None: the ragged program over page size 1's gathered pages, its tiles
+        tiles = CPU_PAGED_CONFIGS[page_size or 1][config]
         if tiles is None:  # the ws program's tiles through the pipelined one
             config_of = kernels.pack_config if pack else kernels.block_config
             tiles = dict(config_of() if pack else config_of(entry._DTYPES[dtype], causal))
@@ -418,6 +444,9 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     monkeypatch.setattr(entry, "_workspace", workspace)
     monkeypatch.setattr(
         entry, "_merge_kernel", lambda dtype, device: _merge_launcher(cpu_paged_kernels.merge())
+    )  # fmt: skip
+    monkeypatch.setattr(
+        entry, "_gather_kernel", lambda dtype, device: _gather_launcher(cpu_paged_kernels.gather())
     )  # fmt: skip
     if shares is not None:
         monkeypatch.setattr(entry, "kv_shares", lambda *shapes, **tiles: shares)
@@ -480,6 +509,34 @@ def test_paged_program_on_cpu_matches_reference(case, config, cpu_paged_kernels,
 def test_paged_program_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
     """Rows of well-formed sequences right, rows that see a key on a bad page id NaN, every other
     row of a malformed sequence NaN, every row written."""
+    check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch)
+
+
+# Page size 1 with the pages gathered first (arguments.gathers_pages, forced): the gather
+# program, then the ragged one over its buffers.
+@needs_packed
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        pytest.param(case, config, id=f"{case.id}-{config}")
+        for case, config in zip(
+            [c for c in CPU_PAGED_CASES if c.page_size == 1], ["tiles32x16", "tiles16x32"] * 2
+        )
+    ],
+)
+def test_gathered_pages_on_cpu_match_reference(case, config, cpu_paged_kernels, monkeypatch):
+    monkeypatch.setenv("PREFILL_BUNDLE_PAGE_GATHER", "1")
+    check_program_on_cpu(monkeypatch, cpu_paged_kernels, case, config)
+
+
+@needs_packed
+@pytest.mark.parametrize(
+    "batch", [b for b in MALFORMED_PAGED_BATCHES if b.page_size == 1], ids=lambda b: b.id
+)
+def test_gathered_pages_on_cpu_with_malformed_tables(batch, cpu_paged_kernels, monkeypatch):
+    """A bad id's key a NaN K row: exactly the rows that see it NaN (output and lse); bad
+    offsets through the ragged program's rules."""
+    monkeypatch.setenv("PREFILL_BUNDLE_PAGE_GATHER", "1")
     check_malformed_program_on_cpu(monkeypatch, cpu_paged_kernels, batch)
 
 

@@ -21,6 +21,7 @@ of comparison). Measurements behind the choices: TUNING.md.
 import tilelang
 
 from .gqa_prefill_fp8 import FP8_E4M3, bf16_over_fp8
+from .gqa_prefill_kv import gather_pages
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_split import PACK_BLOCK_M, decode_like, kv_shares, merge_shares
 from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
@@ -29,7 +30,7 @@ from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 __all__ = [
     "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PACK_PAGE_SIZES", "PACK_VARIANTS",
     "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS", "block_config",
-    "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
+    "compile_gather", "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
 ]  # fmt: skip
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}  # wgmma and TMA exist only for sm_90a
@@ -230,3 +231,8 @@ def compile_variant(
 def compile_merge(dtype: str, target=SM90A):
     """Lower and compile split-KV's merge (gqa_prefill_split.merge_shares) for q's dtype."""
     return tilelang.compile(merge_shares(dtype), target=target, pass_configs=PASS_CONFIGS)
+
+
+def compile_gather(dtype: str, target=SM90A):
+    """Lower and compile page size 1's page gather (gqa_prefill_kv.gather_pages) for q's dtype."""
+    return tilelang.compile(gather_pages(dtype), target=target, pass_configs=PASS_CONFIGS)

@@ -43,6 +43,7 @@ may be. The marks cost the consumers one shared-memory read per item and the loa
 while every id is good.
 """
 
+import math
 from functools import reduce
 from types import SimpleNamespace
 
@@ -88,6 +89,13 @@ def build_kv(page_size, dims, cache_dtype=None, split_q=False, f16_pv=False) -> 
     return paged_kv(dims, page_size, cache_dtype, split_q, f16_pv)
 
 
+def cache_tensor(num_pages, page_size: int, page_stride, element):
+    """A cache argument: [num_pages, page_size, 8, 128], dense within a page, any page stride."""
+    cache_shape = [num_pages, page_size, NUM_KV_HEADS, HEAD_DIM]
+    slot_stride = NUM_KV_HEADS * HEAD_DIM
+    return T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], element)
+
+
 def paged_kv(
     dims, page_size: int, cache_dtype=None, split_q=False, f16_pv=False
 ) -> SimpleNamespace:
@@ -101,13 +109,9 @@ def paged_kv(
     num_kv_indices = T.dynamic("num_kv_indices")
     k_page_stride, v_page_stride = T.dynamic("k_page_stride"), T.dynamic("v_page_stride")
 
-    cache_shape = [num_pages, page_size, NUM_KV_HEADS, HEAD_DIM]
-    slot_stride = NUM_KV_HEADS * HEAD_DIM
 
     def cache(page_stride):
-        """[num_pages, page_size, 8, 128], dense within a page, any page stride."""
-        element = cache_dtype or dtype
-        return T.StridedTensor(cache_shape, [page_stride, slot_stride, HEAD_DIM, 1], element)
+        return cache_tensor(num_pages, page_size, page_stride, cache_dtype or dtype)
 
     @T.macro
     def Body(body, Q, kv, qo_indptr, sm_scale, Output, LSE, Scheduler):
@@ -534,3 +538,47 @@ def paged_kv(
         k_page_stride=k_page_stride, v_page_stride=v_page_stride, num_kv_indices=num_kv_indices,
     )  # fmt: skip
     return fp8_paged_kv(dims, source, helpers, cache_dtype, split_q, f16_pv)
+
+
+GATHER_ROWS = 8  # keys a gather_pages block copies: 8 x 2 KB of K and as much of V
+GATHER_THREADS = 128
+
+
+def gather_pages(dtype: str, rows_per_block: int = GATHER_ROWS, threads: int = GATHER_THREADS):
+    """The T.prim_func page size 1 runs before the ragged program on prefill-like batches
+    (arguments.gathers_pages): K [num_kv_indices, 8, 128] and V (contiguous) get row r = page
+    kv_indices[r] of K_cache and V_cache, so kv_indptr indexes them as it indexes kv_indices.
+    An id outside [0, page_count) reads page 0 instead (the entry passes a 1-page stand-in when
+    the cache has none) and writes a NaN K row and a zero V row: exactly the query rows that see
+    the key come back NaN, as the in-loop gather's item mark makes them (and its lse, since the
+    ragged epilogue's row sum is NaN). Every element is a 16-byte vector of a row: a block copies
+    rows_per_block keys of both caches."""
+    num_pages = T.dynamic("num_pages")
+    num_kv_indices = T.dynamic("num_kv_indices")
+    k_page_stride, v_page_stride = T.dynamic("k_page_stride"), T.dynamic("v_page_stride")
+    rows = [num_kv_indices, NUM_KV_HEADS, HEAD_DIM]
+    nan = T.cast(math.nan, dtype)
+
+    @T.prim_func
+    def main(
+        K_cache: cache_tensor(num_pages, 1, k_page_stride, dtype),
+        V_cache: cache_tensor(num_pages, 1, v_page_stride, dtype),
+        kv_indices: T.Tensor([num_kv_indices], T.int32),
+        page_count: T.int32,
+        K: T.Tensor(rows, dtype),
+        V: T.Tensor(rows, dtype),
+    ):
+        T.assume(k_page_stride % 8 == 0)
+        T.assume(v_page_stride % 8 == 0)
+        T.assume(num_pages >= 1)
+        with T.Kernel(T.ceildiv(num_kv_indices, rows_per_block), threads=threads) as block:
+            for i, h, d in T.Parallel(rows_per_block, NUM_KV_HEADS, HEAD_DIM):
+                r = block * rows_per_block + i
+                if r < num_kv_indices:
+                    page = kv_indices[r]
+                    good = (page >= 0) & (page < page_count)
+                    read = T.if_then_else(good, page, 0)
+                    K[r, h, d] = T.if_then_else(good, K_cache[read, 0, h, d], nan)
+                    V[r, h, d] = T.if_then_else(good, V_cache[read, 0, h, d], T.cast(0, dtype))
+
+    return main

@@ -529,18 +529,19 @@ def build_steps(
         seq_q, head, poisoned, out_scale=None,
     ):  # fmt: skip
         """acc_o / logsum to Output through O_shared, and the base-2 LSE, for the tile's rows.
-        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0).
-        poisoned (None: never): a function giving a test whether the item met a bad page id;
-        then every row gets NaN output and lse. out_scale (None: 1): the output's factor (FP8
-        caches' v_scale), lse unchanged. Split: q_start is the share's row in the workspaces,
-        and O_shared None (fp32 from registers)."""
+        A row that saw no key has logsum 0: output 0 and lse -inf, never 0/0 or log2(0); a
+        row whose logsum is NaN (a NaN key: page size 1's gathered bad page) gets NaN for both
+        (!= 0, not > 0). poisoned (None: never): a function giving a test whether the item met
+        a bad page id; then every row gets NaN output and lse. out_scale (None: 1): the
+        output's factor (FP8 caches' v_scale), lse unchanged. Split: q_start is the share's
+        row in the workspaces, and O_shared None (fp32 from registers)."""
         for i in T.Parallel(block_M):
             lse[i] = poison(
                 poisoned,
-                T.if_then_else(logsum[i] > 0, T.log2(logsum[i]) + max_scaled[i], neg_inf),
+                T.if_then_else(logsum[i] != 0, T.log2(logsum[i]) + max_scaled[i], neg_inf),
             )
             scores_scale[i] = poison(
-                poisoned, T.if_then_else(logsum[i] > 0, scaled(out_scale, logsum[i]), 0.0)
+                poisoned, T.if_then_else(logsum[i] != 0, scaled(out_scale, logsum[i]), 0.0)
             )
         Rescale(acc_o, scores_scale)
         if O_shared is None:  # from registers

@@ -47,6 +47,7 @@ from .arguments import (
     check_sm_scale,
     check_window_left,
     fold_kv_scales,
+    gathers_pages,
     token_stride,
 )
 from .gqa_prefill_kernel import (
@@ -58,6 +59,7 @@ from .gqa_prefill_kernel import (
     PACK_PAGE_SIZES,
     PACK_SPLIT_VARIANTS,
     PAGE_SIZES,
+    compile_gather,
     compile_merge,
     compile_variant,
     decode_like,
@@ -68,6 +70,7 @@ _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # (dtype, causal, SM count, page size or None, window, fp8, split, pack) -> compiled kernel
 _kernels = {}
 _merge_kernels = {}  # dtype -> split-KV's compiled merge
+_gather_kernels = {}  # dtype -> page size 1's compiled page gather
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
@@ -163,6 +166,16 @@ def _merge_kernel(dtype: torch.dtype, device: int):
         _check_sm90a(device)
         kernel = entry_function(compile_merge(_DTYPES[dtype]))
         _merge_kernels[dtype] = kernel
+    return kernel
+
+
+def _gather_kernel(dtype: torch.dtype, device: int):
+    """Page size 1's page gather for q's dtype (gqa_prefill_kv.gather_pages)."""
+    kernel = _gather_kernels.get(dtype)
+    if kernel is None:
+        _check_sm90a(device)
+        kernel = entry_function(compile_gather(_DTYPES[dtype]))
+        _gather_kernels[dtype] = kernel
     return kernel
 
 
@@ -363,13 +376,17 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     if num_kv_indices == 0:
         indexless = torch.zeros(1, dtype=torch.int32, device=q.device)
     device = q.get_device()
+    if page_size == 1 and gathers_pages(total_q, batch, num_kv_indices, q.element_size()):
+        # The pages into contiguous K/V first (_run_gathered), then the ragged program.
+        gather = _gather_kernel(q.dtype, device), _kernel(q.dtype, True, device)
+        return None, pageless, indexless, num_pages, 1, None, gather
     pack, shares = paged_plan(
         _DTYPES[q.dtype], page_size, fp8, total_q, batch, num_kv_indices * page_size,
         _sm_count(device),
     )  # fmt: skip
     kernel = _kernel(q.dtype, True, device, page_size, fp8=fp8, split=shares > 1, pack=pack)
     merge = _merge_kernel(q.dtype, device) if shares > 1 else None
-    return kernel, pageless, indexless, num_pages, shares, merge
+    return kernel, pageless, indexless, num_pages, shares, merge, None
 
 
 def run_paged_ps64(
@@ -432,7 +449,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
             plans.store(key, plan)
     else:
         check_placement(*_paged_arguments(page_size, tensors))
-    kernel, pageless, indexless, num_pages, shares, merge = plan
+    kernel, pageless, indexless, num_pages, shares, merge, gather = plan
     if VALIDATE:
         check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[0],
                            num_pages, page_size)  # fmt: skip
@@ -450,9 +467,13 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     if sm_scale <= 0:
         # As in run_ragged: the kernel needs a positive scale.
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
+    device = q.get_device()
+    if gather is not None:
+        _run_gathered(gather, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, num_pages,
+                      sm_scale, output, lse)  # fmt: skip
+        return
     lengths = () if kv_last_page_len is None else (kv_last_page_len,)
     scales = (sm_scale, v_scale) if fp8 else (sm_scale,)
-    device = q.get_device()
     results = (output, lse) if merge is None else _workspace(device, shares * total_q)
     kernel(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, *lengths, num_kv_indices,
@@ -460,3 +481,18 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     )  # fmt: skip
     if merge is not None:
         merge(*results, output, lse)
+
+
+def _run_gathered(kernels, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, page_count,
+                  sm_scale, output, lse):  # fmt: skip
+    """Page size 1 on a prefill-like batch (arguments.gathers_pages): the pages into two fresh
+    buffers (torch's caching allocator, freed in stream order when the call returns), then the
+    ragged program over them, kv_indptr indexing keys as it indexed pages. page_count: the pages
+    an id may name (0 for a 1-page stand-in cache)."""
+    gather, ragged = kernels
+    rows = kv_indices.shape[0]
+    kv = torch.empty((2, rows, NUM_KV_HEADS, HEAD_DIM), dtype=q.dtype, device=q.device)
+    k, v = kv[0], kv[1]
+    gather(k_cache, v_cache, kv_indices, page_count, k, v)
+    ragged(q, k, v, qo_indptr, kv_indptr, rows, sm_scale, output, lse,
+           _scheduler(q.get_device()))  # fmt: skip

@@ -29,6 +29,7 @@ _FP8_NOTES = {
 # The paged kernels are the causal kernels' layouts; their Hopper producers' registers differ.
 # Split-KV's merge of key shares (merge_shares_kernel<dtype>, split_merge.cuh).
 _MERGE = re.compile(r"(merge_shares_kernel)I\d+(\w+?)EEv")
+_GATHER = re.compile(r"(gather_pages_kernel)I\d+(\w+?)EEv")  # page size 1's page gather
 _PAGED_NOTES = {
     ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
     ("gqa_prefill_paged_kernel", "1"): ("", cuda_build.PORTABLE_SMEM),
@@ -54,7 +55,7 @@ def resources_markdown(output: str) -> str:
         match = _PAGED.search(name)
         swa = _SWA.search(name)
         fp8 = _FP8.search(name)
-        merge = _MERGE.search(name)
+        merge = _MERGE.search(name) or _GATHER.search(name)
         if merge is not None:
             kernel, dtype = merge.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)

@@ -123,8 +123,9 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
         for _, name, (registers, spill_stores, spill_loads, _) in variant_resources(report, kernel):
             assert registers <= 128 and spill_stores == 0 and spill_loads == 0, (name, registers)
     # + the FP8 paged kernels (portable and wgmma, per dtype): tests/test_cuda_fp8.py; + the
-    # split-KV merge per dtype (tests/test_cuda_split_kv.py).
-    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS) + 2 * 2 + 2
+    # split-KV merge per dtype (tests/test_cuda_split_kv.py); + page size 1's page gather per
+    # dtype (tests/test_cuda_paged.py).
+    expected = 2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS) + 2 * 2 + 2 + 2
     assert len(report) == expected, f"unexpected kernels: {list(report)}"
 
 
@@ -246,6 +247,25 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, objects):
                 assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]] and "LDGSTS" in functions[portable[0]]
+
+
+@needs_nvcc
+def test_page_gather_kernel_moves_rows_in_16_byte_vectors(compiled, objects):
+    """Page size 1's page gather (launch_gathered): per dtype one 128-bit load of K and of V a
+    thread, and one 128-bit store of each; no spills."""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump found")
+    returncode, output = compiled["90a"]
+    assert returncode == 0, output
+    report = ptxas_report(output)
+    gathers = [name for name in report if "gather_pages_kernel" in name]
+    assert len(gathers) == 2, list(report)
+    assert all(report[name][1] == report[name][2] == 0 for name in gathers), report
+    functions = sass_by_function(cuobjdump, objects["90a"])
+    for name in [f for f in functions if "gather_pages_kernel" in f]:
+        sass = functions[name]
+        assert sass.count("LDG.E.128.CONSTANT") == 2 and sass.count("STG.E.128") == 2, sass
 
 
 @needs_nvcc

@@ -122,8 +122,9 @@ int* scheduler_counter(int device, cudaStream_t stream) {
   return counter;
 }
 
-// Split-KV's partial results (merge_shares_kernel reads them), one buffer per device and
-// stream like the scheduler counter, grown on demand (cudaMalloc synchronizes: once a growth).
+// Split-KV's partial results (merge_shares_kernel reads them), or page size 1's gathered K/V
+// (launch_gathered): one buffer per device and stream like the scheduler counter (a call uses
+// it for one of the two), grown on demand (cudaMalloc synchronizes: once a growth) and kept.
 void* share_workspace(int device, cudaStream_t stream, size_t bytes) {
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> buffers;
@@ -139,7 +140,7 @@ void* share_workspace(int device, cudaStream_t stream, size_t bytes) {
     if (err != cudaSuccess) {
       cudaGetLastError();
       buffer.first = nullptr;
-      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: no split-KV workspace of "
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_paged_wgmma_kernel: no workspace of "
                                   << bytes << " bytes (" << cudaGetErrorString(err) << ")";
     }
     buffer.second = bytes;
@@ -361,6 +362,48 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
   }
   check_launch(path, kFp8 ? "gqa_prefill_paged_fp8_wgmma_kernel" : "gqa_prefill_paged_wgmma_kernel",
                kFp8 ? "gqa_prefill_paged_fp8_kernel" : "gqa_prefill_paged_kernel", num_ctas);
+}
+
+// arguments.gathers_pages: whether a page size 1 call gathers its pages into contiguous K/V
+// first (launch_gathered), from sizes only: at least 384 query rows a sequence on average (the
+// copy, ~3 ns a key on an H200, then costs less than the in-loop gather: TUNING.md) and the two
+// buffers at most 256 MiB. PREFILL_BUNDLE_PAGE_GATHER=0 never (no workspace), =1 whenever there
+// are pages; read on every call, as PREFILL_BUNDLE_VALIDATE.
+bool gathers_pages(int64_t total_q, int64_t batch, int64_t num_kv_indices, int64_t element_bytes) {
+  const char* mode = std::getenv("PREFILL_BUNDLE_PAGE_GATHER");
+  if (num_kv_indices == 0 || (mode != nullptr && std::strcmp(mode, "0") == 0)) return false;
+  if (mode != nullptr && std::strcmp(mode, "1") == 0) return true;
+  constexpr int64_t kMinQueries = 384, kMaxBytes = int64_t(256) << 20;
+  const int64_t bytes = 2 * num_kv_indices * kNumKvHeads * kHeadDim * element_bytes;
+  return total_q >= kMinQueries * std::max<int64_t>(batch, 1) && bytes <= kMaxBytes;
+}
+
+// Page size 1 on a prefill-like batch: the pages into the stream's workspace (K rows, then V
+// rows: gather_pages_kernel), then the ragged kernel over them, kv_indptr indexing keys as it
+// indexed pages. params: the paged call's (k and v the caches, total_kv = num_kv_indices).
+template <typename T>
+void launch_gathered(Params params, const PageTable& pages, int64_t num_slots, int64_t q_rows,
+                     const DLDevice& device) {
+  auto stream =
+      static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  const int64_t rows = params.total_kv;
+  const size_t row_bytes = size_t(kNumKvHeads) * kHeadDim * sizeof(T);
+  char* k = static_cast<char*>(share_workspace(device.device_id, stream, 2 * rows * row_bytes));
+  char* v = k + rows * row_bytes;
+  gather_pages_kernel<T><<<static_cast<unsigned>((rows + kGatherRows - 1) / kGatherRows),
+                           kGatherRows * kGatherVectors, 0, stream>>>(
+      static_cast<const T*>(params.k), static_cast<const T*>(params.v), pages.kv_indices,
+      reinterpret_cast<T*>(k), reinterpret_cast<T*>(v), static_cast<int>(rows), pages.num_pages,
+      pages.k_page_stride, pages.v_page_stride);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "gather_pages_kernel: launch failed ("
+                                << cudaGetErrorString(err) << ")";
+  }
+  params.k = k;
+  params.v = v;
+  params.k_stride = params.v_stride = kNumKvHeads * kHeadDim;
+  launch<T, true, true>(params, num_slots, q_rows, rows, device);
 }
 
 // The kernels take token strides in 32 bits.

@@ -53,7 +53,9 @@ __device__ __forceinline__ void normalize_rows(const Params& p, const TileCoords
     float total = row_sum[h];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const float inv = total > 0.f ? 1.f / total : 0.f;  // a row with no visible key -> 0
+    // A row with no visible key -> 0; a NaN sum (a NaN key: page size 1's gathered bad page)
+    // -> NaN, output and lse (!= 0, not > 0).
+    const float inv = total != 0.f ? 1.f / total : 0.f;
     const int row = warp * 16 + group + 8 * h;
 #pragma unroll
     for (int db = 0; db < kHeadDim / 8; ++db) {
@@ -63,7 +65,7 @@ __device__ __forceinline__ void normalize_rows(const Params& p, const TileCoords
       const int token = row / kGroupSize;
       if (token < t.tile_tokens) {
         p.lse[int64_t(t.q_row0 + token) * kNumHeads + kv_head * kGroupSize + row % kGroupSize] =
-            total > 0.f ? row_max[h] + log2f(total) : -INFINITY;
+            total != 0.f ? row_max[h] + log2f(total) : -INFINITY;
       }
     }
   }

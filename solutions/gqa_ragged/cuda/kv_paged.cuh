@@ -361,4 +361,35 @@ struct PagedKv {
 #endif
 };
 
+// Page size 1 before the ragged kernel on prefill-like batches (gathers_pages, entry_launch):
+// row r of k_out and v_out (contiguous [num_rows, 8, 128]) is page kv_indices[r] of k_cache and
+// v_cache, so kv_indptr indexes them as it indexes kv_indices. An id outside [0, num_pages) is
+// never read: its K row is NaN (the query rows that see the key come back NaN, output and lse,
+// as the in-loop gather's poison makes them) and its V row zero. kGatherRows rows a block, one
+// 16-byte vector of a row a thread.
+constexpr int kGatherVectors = kNumKvHeads * kHeadDim * 2 / 16;  // 16-byte vectors a row
+constexpr int kGatherRows = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kGatherRows * kGatherVectors)
+    gather_pages_kernel(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                        const int* __restrict__ kv_indices, T* __restrict__ k_out,
+                        T* __restrict__ v_out, int num_rows, int num_pages, int64_t k_page_stride,
+                        int64_t v_page_stride) {
+  const int row = blockIdx.x * kGatherRows + threadIdx.x / kGatherVectors;
+  const int vector = threadIdx.x % kGatherVectors;
+  if (row >= num_rows) return;
+  const int page = __ldg(kv_indices + row);
+  // NaN in both 16-bit halves of a word: bfloat16 0x7fc0, half 0x7e00.
+  constexpr uint32_t kNan = std::is_same_v<T, __nv_bfloat16> ? 0x7fc07fc0u : 0x7e007e00u;
+  uint4 k = make_uint4(kNan, kNan, kNan, kNan), v = make_uint4(0, 0, 0, 0);
+  if (0 <= page && page < num_pages) {
+    k = __ldg(reinterpret_cast<const uint4*>(k_cache + page * k_page_stride) + vector);
+    v = __ldg(reinterpret_cast<const uint4*>(v_cache + page * v_page_stride) + vector);
+  }
+  const int64_t out = int64_t(row) * kGatherVectors + vector;
+  reinterpret_cast<uint4*>(k_out)[out] = k;
+  reinterpret_cast<uint4*>(v_out)[out] = v;
+}
+
 }  // namespace gqa_prefill

@@ -203,6 +203,14 @@ void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& 
   // Sequence s owns slots qo_indptr[s] / 32 + s ..., as in the ragged kernel.
   const int64_t num_slots = total_q / kTokensPerTile + batch;
   check_grid(num_slots * kNumKvHeads);
+  if constexpr (kPageSize == 1 && !kFp8) {
+    if (gathers_pages(total_q, batch, num_kv_indices, q->dtype().bits / 8)) {
+      q->dtype().code == kDLBfloat
+          ? launch_gathered<__nv_bfloat16>(params, pages, num_slots, total_q, device)
+          : launch_gathered<half>(params, pages, num_slots, total_q, device);
+      return;
+    }
+  }
   q->dtype().code == kDLBfloat
       ? launch_paged<__nv_bfloat16, kPageSize, kFp8>(params, pages, num_slots, total_q,
                                                      num_pages, device)

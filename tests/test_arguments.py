@@ -458,3 +458,22 @@ def test_placement_on_a_gpu(position, changes, message):
     else:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
             arguments.check_placement(arguments.RAGGED_NAMES, tuple(tensors))
+
+
+def test_page_size_1_gathers_pages_of_prefill_like_batches(monkeypatch):
+    """gathers_pages (the Python entries; entry_launch.cuh's copy for CUDA): from 384 query rows
+    a sequence on average, while the two buffers stay within 256 MiB; the environment forces
+    either way. The committed page size 1 workloads: the 2K chunks, fresh prompts and the mixed
+    batch (440 a sequence) gather, the prefix hits (256) and single-token rows do not."""
+    gathers = arguments.gathers_pages
+    monkeypatch.delenv("PREFILL_BUNDLE_PAGE_GATHER", raising=False)
+    assert gathers(2048, 1, 8131, 2) and gathers(2048 * 4, 4, 59729, 2)
+    assert gathers(2642, 6, 23288, 2)  # mixed_batch
+    assert not gathers(2048, 8, 37907, 2)  # prefix_cache_hits_8x256
+    assert not gathers(16, 16, 136546, 2)  # single_token_rows_16
+    assert gathers(384, 1, 65536, 2) and not gathers(384, 1, 65537, 2)  # 256 MiB of K and V
+    assert not gathers(383, 1, 100, 2) and not gathers(5, 0, 0, 2)
+    monkeypatch.setenv("PREFILL_BUNDLE_PAGE_GATHER", "1")
+    assert gathers(1, 1, 1, 2) and gathers(1, 1, 1 << 30, 2) and not gathers(1, 1, 0, 2)
+    monkeypatch.setenv("PREFILL_BUNDLE_PAGE_GATHER", "0")
+    assert not gathers(2048, 1, 8131, 2)

@@ -347,30 +347,19 @@ def cpu_programs(tmp_path_factory, tag: str, rewrites=()):
             )
         return cache[key]
 
-    def merge():
-        """Split-KV's merge program (float16), compiled for the CPU once per test module."""
-        if "merge" not in cache:
-            cache["merge"] = tilelang.compile(
-                module.merge_shares("float16"),
+    def beside(name: str, program):
+        """A program beside the attention's (float16), compiled for the CPU once per module."""
+        if name not in cache:
+            cache[name] = tilelang.compile(
+                program("float16"),
                 target="c",
                 execution_backend="cython",
                 pass_configs={"tirx.disable_vectorize": True},
             )
-        return cache["merge"]
+        return cache[name]
 
-    def gather():
-        """Page size 1's page gather (float16), compiled for the CPU once per test module."""
-        if "gather" not in cache:
-            cache["gather"] = tilelang.compile(
-                module.gather_pages("float16"),
-                target="c",
-                execution_backend="cython",
-                pass_configs={"tirx.disable_vectorize": True},
-            )
-        return cache["gather"]
-
-    get.merge = merge
-    get.gather = gather
+    get.merge = lambda: beside("merge", module.merge_shares)  # split-KV's merge
+    get.gather = lambda: beside("gather", module.gather_pages)  # page size 1's page gather
     return get
 
 

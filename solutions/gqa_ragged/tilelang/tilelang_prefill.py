@@ -159,24 +159,23 @@ def _kernel(
     return kernel
 
 
-def _merge_kernel(dtype: torch.dtype, device: int):
-    """Split-KV's merge for q's dtype (gqa_prefill_split.merge_shares)."""
-    kernel = _merge_kernels.get(dtype)
+def _per_dtype(kernels: dict, compile_program, dtype: torch.dtype, device: int):
+    """kernels[dtype], compiled by compile_program(dtype name) on first use."""
+    kernel = kernels.get(dtype)
     if kernel is None:
         _check_sm90a(device)
-        kernel = entry_function(compile_merge(_DTYPES[dtype]))
-        _merge_kernels[dtype] = kernel
+        kernel = kernels[dtype] = entry_function(compile_program(_DTYPES[dtype]))
     return kernel
+
+
+def _merge_kernel(dtype: torch.dtype, device: int):
+    """Split-KV's merge for q's dtype (gqa_prefill_split.merge_shares)."""
+    return _per_dtype(_merge_kernels, compile_merge, dtype, device)
 
 
 def _gather_kernel(dtype: torch.dtype, device: int):
     """Page size 1's page gather for q's dtype (gqa_prefill_kv.gather_pages)."""
-    kernel = _gather_kernels.get(dtype)
-    if kernel is None:
-        _check_sm90a(device)
-        kernel = entry_function(compile_gather(_DTYPES[dtype]))
-        _gather_kernels[dtype] = kernel
-    return kernel
+    return _per_dtype(_gather_kernels, compile_gather, dtype, device)
 
 
 def entry_function(kernel):

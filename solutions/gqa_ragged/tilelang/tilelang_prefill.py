@@ -469,7 +469,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     device = q.get_device()
     if gather is not None:
         _run_gathered(gather, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, num_pages,
-                      sm_scale, output, lse)  # fmt: skip
+                      sm_scale, output, lse, _scheduler(device))  # fmt: skip
         return
     lengths = () if kv_last_page_len is None else (kv_last_page_len,)
     scales = (sm_scale, v_scale) if fp8 else (sm_scale,)
@@ -483,7 +483,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
 
 
 def _run_gathered(kernels, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, page_count,
-                  sm_scale, output, lse):  # fmt: skip
+                  sm_scale, output, lse, scheduler):  # fmt: skip
     """Page size 1 on a prefill-like batch (arguments.gathers_pages): the pages into two fresh
     buffers (torch's caching allocator, freed in stream order when the call returns), then the
     ragged program over them, kv_indptr indexing keys as it indexed pages. page_count: the pages
@@ -493,5 +493,4 @@ def _run_gathered(kernels, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices
     kv = torch.empty((2, rows, NUM_KV_HEADS, HEAD_DIM), dtype=q.dtype, device=q.device)
     k, v = kv[0], kv[1]
     gather(k_cache, v_cache, kv_indices, page_count, k, v)
-    ragged(q, k, v, qo_indptr, kv_indptr, rows, sm_scale, output, lse,
-           _scheduler(q.get_device()))  # fmt: skip
+    ragged(q, k, v, qo_indptr, kv_indptr, rows, sm_scale, output, lse, scheduler)

@@ -6,23 +6,31 @@ point: the per-call checks, its launch, and (FA-2 plans) what the JIT's own laun
 
     python scripts/host_cost.py                       # the four short ragged workloads
     python scripts/host_cost.py --batches chunked_prefill_2k_over_16k_window_4096 prompt_8k
+    python scripts/host_cost.py --paged chunked_prefill_2k_over_8k fresh_prompts_4x1k_3k
+
+--paged takes page size 1 workloads instead: the solutions' calls, and the pieces of Triton's
+when it gathers the pages first (arguments.gathers_pages): the buffers' allocation, the copy's
+launch and the ragged launch over the buffers.
 """
 
 import argparse
 import functools
 
+import torch
 import triton.testing
 from flashinfer_bench.bench.timing import time_runnable
 
+from prefill_bundle import HEAD_DIM, NUM_KV_HEADS
 from prefill_bundle.gpu_timing import host_us
 from prefill_bundle.testing import (
+    PagedCase,
     RaggedCase,
     build_solution,
     entry_module,
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import RAGGED_BATCHES, SWA_BATCHES
+from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 BACKENDS = ("flashinfer", "cuda", "tilelang", "triton")
 # Calls a host measurement: fewer than the launch queue holds (two launches a Triton Gluon call)
@@ -32,12 +40,67 @@ SUFFIX = {"gqa_ragged_prefill_causal_h32_kv8_d128": "ragged",
           "gqa_ragged_prefill_causal_swa_h32_kv8_d128": "swa"}  # fmt: skip
 
 
+def timed_calls(runnables: dict, inputs: list, outputs: list, workload: str) -> list:
+    """(workload, solution, host us, kernel us, flashinfer-bench us) of each solution's call."""
+    rows = []
+    for name, fn in runnables.items():
+        call = lambda: fn(*inputs, *outputs)  # noqa: E731
+        bench = time_runnable(fn, inputs + outputs, 10, 50, "cuda") * 1e3
+        kernel = triton.testing.do_bench(call, warmup=10, rep=50) * 1e3
+        rows.append((workload, name, host_us(call, CALLS), kernel, bench))
+    return rows
+
+
+def paged_rows(names: list) -> list:
+    """Page size 1 workloads: every solution's call, then the pieces of Triton's gathered call."""
+    batches = {batch.name: batch for batch in PAGED_BATCHES}
+    rows = []
+    for name in names:
+        batch = batches[name]
+        runnables = {f"{b}_paged_ps1": build_solution(f"{b}_paged_ps1") for b in BACKENDS}
+        case = PagedCase(batch.q_lens, batch.kv_lens, 1, shared_prefix=batch.shared_prefix)
+        inputs = [
+            x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x
+            for x in make_inputs(case, "cuda")
+        ]  # FlashInfer reads the cache's unused slots
+        outputs = poisoned_outputs(case, inputs)
+        rows += timed_calls(runnables, inputs, outputs, name)
+        triton_mod = entry_module(runnables["triton_paged_ps1"])
+        plans = triton_mod._paged_plans[1]
+        plan = plans[next(reversed(plans))]
+        if not isinstance(plan, triton_mod.GatherPlan):
+            continue
+        q, k_cache, v_cache, qo, kv, ids, scale = inputs
+        out, lse = outputs
+        rows_, grid, runners, ragged = plan
+        shape = (2, rows_, NUM_KV_HEADS, HEAD_DIM)
+        k, v = torch.empty(shape, dtype=q.dtype, device=q.device)
+        copy_args = (k_cache, v_cache, ids, k, v, rows_, k_cache.shape[0], k_cache.stride(0),
+                     v_cache.stride(0))  # fmt: skip
+        pieces = {
+            "triton: the buffers": lambda: torch.empty(shape, dtype=q.dtype, device=q.device),
+            "triton: the copy's launch": lambda: runners[q.get_device()](*copy_args),
+            "triton: launch_ragged": lambda: triton_mod.launch_ragged(
+                ragged["plan"], q, k, v, qo, kv, scale, out, lse
+            ),
+        }
+        for label, fn in pieces.items():
+            rows.append((name, label, host_us(fn, CALLS), float("nan"), float("nan")))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     batches = {batch.name: batch for batch in RAGGED_BATCHES + SWA_BATCHES}
     parser.add_argument("--batches", nargs="+", choices=batches, metavar="NAME",
                         default=[batch.name for batch in RAGGED_BATCHES[:4]])  # fmt: skip
-    selected = [batches[name] for name in parser.parse_args().batches]
+    parser.add_argument("--paged", nargs="+", metavar="NAME",
+                        choices=[batch.name for batch in PAGED_BATCHES])  # fmt: skip
+    options = parser.parse_args()
+    if options.paged:
+        print_rows(paged_rows(options.paged))
+        return
+    selected = [batches[name] for name in options.batches]
     rows = []
     for batch in selected:
         suffix = SUFFIX[batch.definition]
@@ -47,11 +110,7 @@ def main():
         case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
         inputs = make_inputs(case, "cuda", seed=0)
         outputs = poisoned_outputs(case, inputs)
-        for name, fn in runnables.items():
-            call = lambda: fn(*inputs, *outputs)  # noqa: E731
-            bench = time_runnable(fn, inputs + outputs, 10, 50, "cuda") * 1e3
-            kernel = triton.testing.do_bench(call, warmup=10, rep=50) * 1e3
-            rows.append((batch.name, name, host_us(call, CALLS), kernel, bench))
+        rows += timed_calls(runnables, inputs, outputs, batch.name)
         q, k, v, qo, kv = inputs[:5]
         scale, window = inputs[-1], batch.window_left
         if window is not None and not 0 <= window < k.shape[0]:
@@ -87,6 +146,10 @@ def main():
         pieces["triton: jit launch"] = functools.partial(launch, *jit_args, **constexprs)
         for label, fn in pieces.items():
             rows.append((batch.name, label, host_us(fn, CALLS), float("nan"), float("nan")))
+    print_rows(rows)
+
+
+def print_rows(rows: list) -> None:
     print(f"\n{'workload':40s} {'entry':26s} {'host us':>8s} {'kernel us':>9s} {'bench us':>9s}")
     for workload, name, host, kernel, bench in rows:
         print(f"{workload:40s} {name:26s} {host:8.1f} {kernel:9.1f} {bench:9.1f}")

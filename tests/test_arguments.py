@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from prefill_bundle import arguments
+from prefill_bundle import REPO_ROOT, arguments
 from prefill_bundle.packing import SOLUTIONS
 from prefill_bundle.testing import build_solution, entry_module
 
@@ -477,3 +477,13 @@ def test_page_size_1_gathers_pages_of_prefill_like_batches(monkeypatch):
     assert gathers(1, 1, 1, 2) and gathers(1, 1, 1 << 30, 2) and not gathers(1, 1, 0, 2)
     monkeypatch.setenv("PREFILL_BUNDLE_PAGE_GATHER", "0")
     assert not gathers(2048, 1, 8131, 2)
+
+
+def test_cuda_entry_gathers_pages_by_the_same_rule():
+    """entry_launch.cuh re-states gathers_pages in C++ (no Python in the CUDA entry): its two
+    bounds must be arguments.py's."""
+    source = (REPO_ROOT / "solutions/gqa_ragged/cuda/entry_launch.cuh").read_text()
+    assert f"kMinQueries = {arguments.PAGE_GATHER_MIN_QUERIES}," in source
+    assert f"kMaxBytes = int64_t({arguments.PAGE_GATHER_MAX_BYTES >> 20}) << 20;" in source
+    assert arguments.PAGE_GATHER_MAX_BYTES % (1 << 20) == 0
+    assert source.count('"PREFILL_BUNDLE_PAGE_GATHER"') == 1

@@ -112,21 +112,26 @@ MALFORMED_FP8_BATCHES = _batches(64, fp8=True)
 
 
 def long_batches(page_size: int, fp8: bool = False) -> list:
-    """A batch whose first sequence has 9000 keys, so that CUDA's Hopper kernels draw its KV
-    heads in L2 sections (locate_tile), valid and with a bad page id in the middle of that
-    sequence: for compute-sanitizer (scripts/sanitize_malformed.py); too long for the CPU tests.
-    Pages shuffled over a cache a few pages larger than the table."""
-    keys = (9000, 300, 700)
-    pages = [-(-n // page_size) for n in keys]
-    last = tuple(n - (p - 1) * page_size for n, p in zip(keys, pages)) if page_size > 1 else None
-    num_pages = sum(pages) + 16
-    gen = torch.Generator().manual_seed(3)
-    ids = tuple(torch.randperm(num_pages, generator=gen)[: sum(pages)].tolist())
-    indptr = (0, pages[0], pages[0] + pages[1], sum(pages))
-    valid = MalformedPagedBatch("long_valid", page_size, kv_indptr=indptr, kv_indices=ids,
-                                kv_last_page_len=last, fp8=fp8, pages=num_pages)  # fmt: skip
-    bad = replace(valid, name="long_bad_page", kv_indices=_with(ids, pages[0] // 2, num_pages))
-    return [valid, bad]
+    """Batches whose first sequence has 9000 keys, so that CUDA's Hopper kernels draw its KV
+    heads in L2 sections (locate_tile), and (long_keys_*) whose keys average 8192 or more a
+    sequence, so that TileLang's do (DrawItem), each valid and with a bad page id in the middle
+    of the first sequence: for compute-sanitizer (scripts/sanitize_malformed.py); too long for
+    the CPU tests. Pages shuffled over a cache a few pages larger than the table."""
+    batches = []
+    for name, keys in (("long", (9000, 300, 700)), ("long_keys", (20000, 300, 7000))):
+        pages = [-(-n // page_size) for n in keys]
+        last = None  # page size 1's definition has none
+        if page_size > 1:
+            last = tuple(n - (p - 1) * page_size for n, p in zip(keys, pages))
+        num_pages = sum(pages) + 16
+        gen = torch.Generator().manual_seed(3)
+        ids = tuple(torch.randperm(num_pages, generator=gen)[: sum(pages)].tolist())
+        indptr = (0, pages[0], pages[0] + pages[1], sum(pages))
+        valid = MalformedPagedBatch(f"{name}_valid", page_size, kv_indptr=indptr, kv_indices=ids,
+                                    kv_last_page_len=last, fp8=fp8, pages=num_pages)  # fmt: skip
+        bad_ids = _with(ids, pages[0] // 2, num_pages)
+        batches += [valid, replace(valid, name=f"{name}_bad_page", kv_indices=bad_ids)]
+    return batches
 
 
 FP8_SCALES = (0.5, 1.25)  # k_scale, v_scale of the FP8 batches

@@ -41,9 +41,14 @@ from prefill_bundle.testing import (
 VALID = MalformedBatch("valid_partition", (0, 30, 70, 100), (0, 40, 80, 120))
 # Sequences long enough that CUDA's Hopper kernels draw their KV heads in L2 sections
 # (locate_tile: above 4096 keys of 16-bit K/V), valid and beside malformed entries.
+# And keys averaging 8192 a sequence or more, where TileLang's entry picks its programs that draw
+# items in L2 sections (long_keys_launch).
 LONG = [
     MalformedBatch("long_valid", (0, 300, 400, 600), (0, 9000, 9500, 9700), 600, 9700),
     MalformedBatch("long_then_garbage", (0, 300, 600, 500), (0, 9000, 9700, 9600), 600, 9700),
+    MalformedBatch("long_keys_valid", (0, 300, 600), (0, 9000, 18000), 600, 18000),
+    MalformedBatch("long_keys_then_garbage", (0, 300, 600, 500), (0, 9000, 18000, 17000), 600,
+                   25000),  # fmt: skip
 ]
 DEFINITIONS = (RAGGED, SWA, *PAGE_SIZES, PAGED_FP8)
 OURS = [s.name for s in SOLUTIONS if s.definition in DEFINITIONS and s.author != BASELINE_AUTHOR]

@@ -36,23 +36,26 @@ H100_SMS = 132
 
 
 def programs() -> list:
-    """(dtype, causal, page size, window, FP8 caches, split, pack) of every program the entries
-    launch on the committed workloads (tilelang_prefill._kernel's keys), ("merge", dtype) and
-    ("gather", dtype) (page size 1's page gather, before the ragged program).
-    Written out by hand: tests/test_dataset.py checks it against the entry's paged_plan on each
-    committed paged workload."""
+    """(dtype, causal, page size, window, FP8 caches, split, pack, long keys) of every program
+    the entries launch on the committed workloads (tilelang_prefill._kernel's keys, less the SM
+    count), ("merge", dtype) and ("gather", dtype) (page size 1's page gather, before the ragged
+    program). Written out by hand: tests/test_dataset.py checks it against the entry's own
+    choices (paged_plan, gathers_pages, long_keys_launch) on each committed workload."""
     from prefill_bundle.testing import tilelang_kernels
 
     kernels = tilelang_kernels()
-    jobs = [("float16", causal, None, False, False, False, False) for causal in (True, False)]
-    jobs += [("bfloat16", True, None, window, False, False, False) for window in (False, True)]
+    jobs = [("float16", causal, None, False, False, False, False, long_keys)
+            for causal in (True, False) for long_keys in (False, True)]  # fmt: skip
+    jobs += [("bfloat16", True, None, False, False, False, False, long_keys)
+             for long_keys in (False, True)]  # fmt: skip
+    jobs.append(("bfloat16", True, None, True, False, False, False, False))  # window
     for page_size in kernels.PAGE_SIZES:
-        jobs.append(("bfloat16", True, page_size, False, False, False, False))
-    jobs.append(("bfloat16", True, 64, False, True, False, False))  # FP8 caches
+        jobs.append(("bfloat16", True, page_size, False, False, False, False, False))
+    jobs.append(("bfloat16", True, 64, False, True, False, False, False))  # FP8 caches
     for dtype, page_size, fp8 in kernels.PACK_VARIANTS:
         if dtype == "bfloat16":
             split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
-            jobs += [(dtype, True, page_size, False, fp8, s, True) for s in {False, split}]
+            jobs += [(dtype, True, page_size, False, fp8, s, True, False) for s in {False, split}]
     return jobs + [("merge", "bfloat16"), ("gather", "bfloat16")]
 
 
@@ -66,7 +69,7 @@ def definition_programs(definition: str, jobs: list) -> list:
             return definition in PAGE_SIZES or definition == PAGED_FP8
         if job[0] == "gather":
             return definition == PAGED_PS1
-        dtype, _, page_size, window, fp8, _, _ = job
+        dtype, _, page_size, window, fp8, _, _, _ = job
         if definition == MINI:
             return dtype == "float16"
         if definition in (RAGGED, PAGED_PS1) and page_size is None:
@@ -104,10 +107,11 @@ def compile_program(job, path=None) -> str:
         elif job[0] == "gather":
             kernels.compile_gather(job[1])
         else:
-            dtype, causal, page_size, window, fp8, split, pack = job
+            dtype, causal, page_size, window, fp8, split, pack, long_keys = job
             kernels.compile_variant(
                 dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
                 cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
+                long_keys=long_keys,
             )  # fmt: skip
     except Exception as error:  # TVM's errors do not pickle back to the pool: their text does
         raise RuntimeError(f"{type(error).__name__}: {error}") from None

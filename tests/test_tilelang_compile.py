@@ -207,6 +207,30 @@ def test_compiles_without_register_spills(dtype, causal):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
+# The programs for launches of long sequences (long_keys: the entry picks them when the keys
+# average SECTION_MIN_KEYS a sequence): the same two, their items drawn in L2 sections always.
+# Spill bytes allowed: the causal one's draw spills one 8-byte slot of the loader warp's 24
+# registers (reloaded once an item); the same draw decided at run time spilled the contiguous
+# programs everywhere (TUNING.md, "Items in L2 sections").
+LONG_KEYS_SPILL_BYTES = {("bfloat16", True): 8, ("float16", False): 0}
+_compiled_long = {}
+
+
+@pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
+def test_long_keys_programs_draw_in_sections(dtype, causal):
+    if (dtype, causal) not in _compiled_long:
+        _compiled_long[(dtype, causal)] = compile_fresh(
+            tilelang_kernels(), dtype, causal, long_keys=True
+        )  # fmt: skip
+    kernel, ptxas = _compiled_long[(dtype, causal)]
+    source = kernel.get_kernel_source()
+    assert "int run = (fetch[0] >> 3);" in source  # runs of SECTION_HEADS = 8 heads
+    assert "kv_rows >>" not in source  # always: the entry chose the program by the rule
+    assert "Used 168 registers" in ptxas
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", ptxas)]
+    assert spills and max(spills) <= LONG_KEYS_SPILL_BYTES[(dtype, causal)], ptxas
+
+
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
 def test_compiles_the_malformed_batch_path(dtype, causal):
     """The first consumer warp tests the batch (once per block) and, in a malformed batch only,
@@ -366,7 +390,9 @@ def cpu_programs(tmp_path_factory, tag: str, rewrites=()):
 @pytest.fixture(scope="module")
 def cpu_kernels(tmp_path_factory):
     get = cpu_programs(tmp_path_factory, "kernel")
-    return lambda causal, config: get(config, causal=causal)
+    return lambda causal, config, long_keys=False: get(
+        config, causal=causal, **({"long_keys": True} if long_keys else {})
+    )
 
 
 def _launcher(kernel):
@@ -405,15 +431,18 @@ def cpu_form_of(config: dict) -> dict:
     return config
 
 
-def run_on_cpu(monkeypatch, cpu_kernels, solution: str, config: str) -> None:
+def run_on_cpu(monkeypatch, cpu_kernels, solution: str, config: str, launched=None) -> None:
     """Point the packed entry `solution` at the CPU program, with config's tiles, its device
-    checks told that CPU tensors are fine, and no plan from an earlier test."""
+    checks told that CPU tensors are fine, and no plan from an earlier test. launched: a list
+    that gets each kernel's (causal, long_keys) as the entry asks for it."""
     entry = entry_module(solution)
     block_config = tilelang_kernels().block_config
 
-    def kernel(dtype, causal, device):
+    def kernel(dtype, causal, device, long_keys=False):
+        if launched is not None:
+            launched.append((causal, long_keys))
         tiles = CPU_CONFIGS[config] or cpu_form_of(block_config(entry._DTYPES[dtype], causal))
-        return _launcher(cpu_kernels(causal, tiles))
+        return _launcher(cpu_kernels(causal, tiles, long_keys))
 
     contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]
     for name in ("check_layout", "check_placement"):
@@ -503,6 +532,22 @@ def test_program_on_cpu_poisons_malformed_batches(batch, config, cpu_kernels, mo
     build_solution("tilelang_ragged")(*inputs, output, lse)
     assert not (output == -7.0).all(-1).any() and not (lse == -7.0).any(), "rows never written"
     check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+
+
+@pytest.mark.parametrize(
+    "case,config", rotating_params(CPU_CASES + CPU_NAN_CASES, SMALL_TILES, lambda c: c.id)
+)
+def test_long_keys_program_on_cpu_matches_reference(case, config, cpu_kernels, monkeypatch):
+    """The programs for launches of long sequences (long_keys: items drawn in L2 sections of 8
+    query heads, TUNING.md) with the entry's rule forced on, so these small batches take that
+    order: every row right, none left unwritten (run_solution poisons the outputs)."""
+    launched = []
+    run_on_cpu(monkeypatch, cpu_kernels, solution_of(case), config, launched)
+    monkeypatch.setattr(entry_module(solution_of(case)), "long_keys_launch", lambda *sizes: True)
+    inputs = make_inputs(case, "cpu", seed=7)
+    actual = run_solution(solution_of(case), case, inputs)
+    check_outputs(actual, reference_outputs(case, inputs))
+    assert all(long_keys for _, long_keys in launched)
 
 
 # 2b. On a GPU: the persistent kernel's work counters --------------------------------------

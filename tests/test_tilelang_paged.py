@@ -97,6 +97,11 @@ def test_paged_compiles_for_sm90a(dtype, page_size):
     assert f"tl::wgmma_rs<tl::DataType::{operand}, tl::DataType::{operand}" in source  # P V
     assert "tl::tma_load(Q_desc" in source
     assert "tl::__named_barrier_arrive(" not in source  # no pingpong (block_config)
+    # Items in L2 sections where the launch's keys average 8192 a sequence: kv_rows counts
+    # pages (128 of 64 keys; until 2026-11-30 (28) page size 64 compared 8192 pages, so it
+    # never drew in sections).
+    shift = (8192 // page_size).bit_length() - 1
+    assert f"if (len_indptr <= ((kv_rows >> {shift}) + 1))" in source
     # Page size 1 (block_config's gathered): a third ring stage, the output staged in Q's buffer.
     assert f"uint64_t k_full_mem[{3 if page_size == 1 else 2}];" in source
     # Gathered rows (page size 1; page size 64: the V of a sequence's last tile) land on the
@@ -338,8 +343,8 @@ def paged_programs(get):
     """paged(page_size, config, split, pack): the CPU program of that paged variant (get:
     cpu_programs'), with get's merge."""
 
-    def paged(page_size, config, split=False, pack=False):
-        flags = dict(split=split, pack=pack)
+    def paged(page_size, config, split=False, pack=False, long_keys=False):
+        flags = dict(split=split, pack=pack, long_keys=long_keys)
         return get(config, page_size=page_size, **{k: True for k, v in flags.items() if v})
 
     paged.merge = get.merge
@@ -426,8 +431,10 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
     kernels = tilelang_kernels()
     forced_pack = pack
 
-    def kernel(dtype, causal, device, page_size=None, fp8=False, split=False, pack=False):
+    def kernel(dtype, causal, device, page_size=None, fp8=False, split=False, pack=False,
+               long_keys=False):  # fmt: skip
         assert forced_pack is None or pack == forced_pack  # both page sizes pack
+        assert not long_keys or page_size is None  # the ragged program after the gather
         # page_size None: the ragged program over page size 1's gathered pages, its tiles
         tiles = CPU_PAGED_CONFIGS[page_size or 1][config]
         if tiles is None:  # the ws program's tiles through the pipelined one
@@ -435,7 +442,7 @@ def run_paged_on_cpu(monkeypatch, cpu_paged_kernels, page_size: int, config: str
             tiles = dict(config_of() if pack else config_of(entry._DTYPES[dtype], causal))
             for knob in ("ws", "pingpong", "persistent"):
                 tiles.pop(knob, None)
-        return _paged_launcher(cpu_paged_kernels(page_size, tiles, split, pack))
+        return _paged_launcher(cpu_paged_kernels(page_size, tiles, split, pack, long_keys))
 
     def workspace(device, rows):
         return torch.empty(rows, NUM_HEADS, HEAD_DIM), torch.empty(rows, NUM_HEADS)

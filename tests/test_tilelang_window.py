@@ -137,8 +137,8 @@ def run_window_on_cpu(monkeypatch, kernels, config: str) -> list:
     block_config = tilelang_kernels().block_config
     launched = []
 
-    def kernel(dtype, causal, device, page_size=None, window=False):
-        assert causal and page_size is None
+    def kernel(dtype, causal, device, page_size=None, window=False, long_keys=False):
+        assert causal and page_size is None and not (window and long_keys)
         tiles = CPU_WINDOW_CONFIGS[config]
         if tiles is None:  # the ws program's tiles through the pipelined one
             tiles = dict(block_config(entry._DTYPES[dtype], causal))

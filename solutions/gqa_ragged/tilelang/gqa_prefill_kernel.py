@@ -24,12 +24,13 @@ from .gqa_prefill_fp8 import FP8_E4M3, bf16_over_fp8
 from .gqa_prefill_kv import gather_pages
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_split import PACK_BLOCK_M, decode_like, kv_shares, merge_shares
-from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
+from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SECTION_MIN_KEYS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
 __all__ = [
     "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PACK_PAGE_SIZES", "PACK_VARIANTS",
-    "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS", "block_config",
+    "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SECTION_MIN_KEYS", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS",
+    "block_config",
     "compile_gather", "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
 ]  # fmt: skip
 
@@ -131,6 +132,7 @@ def gqa_prefill(
     fp8_split_q: bool = False,
     fp8_f16_pv: bool = False,
     output_in_q: bool = False,
+    long_keys: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -189,7 +191,7 @@ def gqa_prefill(
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
-        fp8_split_q, fp8_f16_pv,
+        fp8_split_q, fp8_f16_pv, long_keys,
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:
@@ -210,12 +212,14 @@ def compile_variant(
     cache_dtype: str = None,
     split: bool = False,
     pack: bool = False,
+    long_keys: bool = False,
     **config,
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
     sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
-    workspaces; pack: GQA head packing); config defaults to block_config (page size 1:
-    gathered), packed to pack_config(dtype, cache_dtype)."""
+    workspaces; pack: GQA head packing; long_keys: contiguous K/V, items drawn in L2 sections
+    for launches of long sequences); config defaults to block_config (page size 1: gathered),
+    packed to pack_config(dtype, cache_dtype)."""
     contiguous = page_size is None and not window
     if not config and pack:
         config = pack_config(dtype, cache_dtype)
@@ -223,7 +227,7 @@ def compile_variant(
         config = block_config(dtype, causal, contiguous, gathered=page_size == 1)
     func = gqa_prefill(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
-        cache_dtype=cache_dtype, split=split, pack=pack, **config,
+        cache_dtype=cache_dtype, split=split, pack=pack, long_keys=long_keys, **config,
     )  # fmt: skip
     return tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)
 

@@ -73,6 +73,7 @@ def build_steps(
     pack: bool = False,
     fp8_split_q: bool = False,
     fp8_f16_pv: bool = False,
+    long_keys: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -152,9 +153,18 @@ def build_steps(
     # SECTION_MIN_KEYS or more (measured from 8K on: +1-4%; shorter batches lost up to 10%), the
     # items are drawn in sections of SECTION_HEADS query heads (2 KV heads), every slot of a
     # section before the next (TUNING.md, "Items in L2 sections for long paged sequences").
-    # Paged programs only: in the contiguous ones the draw spilled the loader warp's 24
-    # registers. Not for split or packed items (decode-like: each KV tile is read once anyway).
-    sectioned = page_size is not None and not (split or pack)
+    # The paged programs decide per launch (from kv_rows); the contiguous ones spilled the
+    # loader warp's 24 registers doing so, so there the entry picks a program that always draws
+    # in sections (long_keys) for launches of long sequences. Not for split or packed items
+    # (decode-like: each KV tile is read once anyway), nor under a window (its band is short).
+    sectioned = (page_size is not None or long_keys) and not (split or pack or window)
+
+    def long_launch(kv):
+        """Whether a launch's keys average SECTION_MIN_KEYS or more a sequence: True in a
+        long_keys program (the entry chose it by that rule), else decided from kv_rows."""
+        if long_keys:
+            return True
+        return kv_source.kv_rows(kv) // max(SECTION_MIN_KEYS // (page_size or 1), 1) >= batch
 
     @T.macro
     def DrawItem(count, kv):
@@ -164,7 +174,7 @@ def build_steps(
         counted by comparisons, before the item is located (a division, or the sections'
         numbers kept through Locate's search, spilled the loader warp's registers). A bijection
         of [0, num_items) that leaves counts past it past it (the block's last draw)."""
-        if kv_source.kv_rows(kv) // max(SECTION_MIN_KEYS // (page_size or 1), 1) >= batch:
+        if long_launch(kv):
             run = count[0] // SECTION_HEADS  # the runs of SECTION_HEADS heads
             sections = range(1, NUM_HEADS // SECTION_HEADS)
             section = sum(T.if_then_else(run >= k * num_slots, 1, 0) for k in sections)

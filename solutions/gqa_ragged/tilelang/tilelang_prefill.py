@@ -59,6 +59,7 @@ from .gqa_prefill_kernel import (
     PACK_PAGE_SIZES,
     PACK_SPLIT_VARIANTS,
     PAGE_SIZES,
+    SECTION_MIN_KEYS,
     compile_gather,
     compile_merge,
     compile_variant,
@@ -67,7 +68,8 @@ from .gqa_prefill_kernel import (
 )
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-# (dtype, causal, SM count, page size or None, window, fp8, split, pack) -> compiled kernel
+# (dtype, causal, SM count, page size or None, window, fp8, split, pack, long_keys) -> compiled
+# kernel
 _kernels = {}
 _merge_kernels = {}  # dtype -> split-KV's compiled merge
 _gather_kernels = {}  # dtype -> page size 1's compiled page gather
@@ -142,21 +144,32 @@ def _kernel(
     fp8: bool = False,
     split: bool = False,
     pack: bool = False,
+    long_keys: bool = False,
 ):
     """fp8: the paged kernel (page size 64) over float8_e4m3fn caches; split: its split-KV
-    kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches)."""
+    kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches);
+    long_keys: contiguous K/V whose launch averages SECTION_MIN_KEYS keys a sequence or more
+    (long_keys_launch): the program that draws items in L2 sections."""
     num_sms = _sm_count(device)
-    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack)
+    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack, long_keys)
     kernel = _kernels.get(key)
     if kernel is None:
         _check_sm90a(device)
         # The persistent grid takes one block per SM of the device.
         kernel = entry_function(compile_variant(
             _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window,
-            cache_dtype=FP8_E4M3 if fp8 else None, split=split, pack=pack,
+            cache_dtype=FP8_E4M3 if fp8 else None, split=split, pack=pack, long_keys=long_keys,
         ))  # fmt: skip
         _kernels[key] = kernel
     return kernel
+
+
+def long_keys_launch(total_kv: int, batch: int) -> bool:
+    """Whether a launch over contiguous K/V runs the program that draws its items in L2
+    sections: its keys average SECTION_MIN_KEYS or more a sequence, where all 8 KV heads' K/V in
+    flight overflow the L2 (+3% on 1 x 16384 non-causal on an H200; shorter batches lost up to
+    10%: TUNING.md, "Items in L2 sections"). The paged programs decide this in the kernel."""
+    return total_kv >= SECTION_MIN_KEYS * max(batch, 1)
 
 
 def _per_dtype(kernels: dict, compile_program, dtype: torch.dtype, device: int):
@@ -234,7 +247,7 @@ def run_padded(q, k, v, causal, out):
         return
     total_q, total_kv = batch * seq_q, batch * seq_kv
     device = q.get_device()
-    _kernel(dtype, causal, device)(
+    _kernel(dtype, causal, device, long_keys=long_keys_launch(seq_kv, 1))(
         q.as_strided((total_q, NUM_HEADS, HEAD_DIM), q_strides),
         k.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), k_strides),
         v.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), v_strides),
@@ -253,7 +266,7 @@ def _plan_ragged(window: bool, q, k, v, qo_indptr, kv_indptr, output, lse) -> tu
     kernel (its rows get 0 and -inf, or NaN where the indptr values are malformed), on a 1-row
     zero K/V: a TMA descriptor needs a row. window: the sliding-window kernel."""
     tensors = (q, k, v, qo_indptr, kv_indptr, output, lse)
-    _, _, total_kv = check_ragged_shapes(*tensors)
+    batch, _, total_kv = check_ragged_shapes(*tensors)
     check_layout(RAGGED_NAMES, tensors)
     keyless = None
     if total_kv == 0:
@@ -261,7 +274,7 @@ def _plan_ragged(window: bool, q, k, v, qo_indptr, kv_indptr, output, lse) -> tu
     device = q.get_device()
     if window:
         return _kernel(q.dtype, True, device, window=True), keyless
-    return _kernel(q.dtype, True, device), keyless
+    return _kernel(q.dtype, True, device, long_keys=long_keys_launch(total_kv, batch)), keyless
 
 
 def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
@@ -377,7 +390,8 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
     device = q.get_device()
     if page_size == 1 and gathers_pages(total_q, batch, num_kv_indices, q.element_size()):
         # The pages into contiguous K/V first (_run_gathered), then the ragged program.
-        gather = _gather_kernel(q.dtype, device), _kernel(q.dtype, True, device)
+        ragged = _kernel(q.dtype, True, device, long_keys=long_keys_launch(num_kv_indices, batch))
+        gather = _gather_kernel(q.dtype, device), ragged
         return None, pageless, indexless, num_pages, 1, None, gather
     pack, shares = paged_plan(
         _DTYPES[q.dtype], page_size, fp8, total_q, batch, num_kv_indices * page_size,

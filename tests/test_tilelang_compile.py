@@ -208,12 +208,21 @@ def test_compiles_without_register_spills(dtype, causal):
 
 
 # The programs for launches of long sequences (long_keys: the entry picks them when the keys
-# average SECTION_MIN_KEYS a sequence): the same two, their items drawn in L2 sections always.
+# average LONG_KEYS_MIN a sequence): the same two, their items drawn in L2 sections always.
 # Spill bytes allowed: the causal one's draw spills one 8-byte slot of the loader warp's 24
 # registers (reloaded once an item); the same draw decided at run time spilled the contiguous
 # programs everywhere (TUNING.md, "Items in L2 sections").
 LONG_KEYS_SPILL_BYTES = {("bfloat16", True): 8, ("float16", False): 0}
 _compiled_long = {}
+
+
+def test_long_keys_rule_takes_long_sequences_only():
+    """Measured (TUNING.md, "Items in L2 sections for contiguous K/V"): sections gain from a 2K
+    chunk over 8131 keys up and lose on sequences of 2-4.6K keys."""
+    rule = entry_module("tilelang_ragged").long_keys_launch
+    assert rule(8131, 1) and rule(16384, 1) and rule(4 * 14932, 4)
+    assert not rule(8 * 2048, 8) and not rule(37907, 8) and not rule(7820, 4)
+    assert not rule(0, 0)
 
 
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)

@@ -24,13 +24,12 @@ from .gqa_prefill_fp8 import FP8_E4M3, bf16_over_fp8
 from .gqa_prefill_kv import gather_pages
 from .gqa_prefill_pipelined import gqa_prefill_pipelined
 from .gqa_prefill_split import PACK_BLOCK_M, decode_like, kv_shares, merge_shares
-from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SECTION_MIN_KEYS, build_steps
+from .gqa_prefill_steps import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, build_steps
 from .gqa_prefill_ws import consumer_threads_of, gqa_prefill_ws
 
 __all__ = [
     "FP8_E4M3", "HEAD_DIM", "NUM_HEADS", "NUM_KV_HEADS", "PACK_PAGE_SIZES", "PACK_VARIANTS",
-    "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SECTION_MIN_KEYS", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS",
-    "block_config",
+    "PACK_SPLIT_VARIANTS", "PAGE_SIZES", "SPLIT_PAGE_SIZES", "SPLIT_VARIANTS", "block_config",
     "compile_gather", "compile_merge", "compile_variant", "decode_like", "kv_shares", "pack_config",
 ]  # fmt: skip
 

@@ -59,7 +59,6 @@ from .gqa_prefill_kernel import (
     PACK_PAGE_SIZES,
     PACK_SPLIT_VARIANTS,
     PAGE_SIZES,
-    SECTION_MIN_KEYS,
     compile_gather,
     compile_merge,
     compile_variant,
@@ -148,7 +147,7 @@ def _kernel(
 ):
     """fp8: the paged kernel (page size 64) over float8_e4m3fn caches; split: its split-KV
     kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches);
-    long_keys: contiguous K/V whose launch averages SECTION_MIN_KEYS keys a sequence or more
+    long_keys: contiguous K/V whose launch averages LONG_KEYS_MIN keys a sequence or more
     (long_keys_launch): the program that draws items in L2 sections."""
     num_sms = _sm_count(device)
     key = (dtype, causal, num_sms, page_size, window, fp8, split, pack, long_keys)
@@ -164,12 +163,18 @@ def _kernel(
     return kernel
 
 
+# Contiguous launches draw their items in L2 sections from this many keys a sequence on
+# average: page size 64's rule counts whole pages (a chunk over 8131 keys is 128 pages: 8192
+# slots, sectioned, +4% on an H200), so the contiguous rule stops short of SECTION_MIN_KEYS.
+LONG_KEYS_MIN = 6144
+
+
 def long_keys_launch(total_kv: int, batch: int) -> bool:
     """Whether a launch over contiguous K/V runs the program that draws its items in L2
-    sections: its keys average SECTION_MIN_KEYS or more a sequence, where all 8 KV heads' K/V in
-    flight overflow the L2 (+3% on 1 x 16384 non-causal on an H200; shorter batches lost up to
-    10%: TUNING.md, "Items in L2 sections"). The paged programs decide this in the kernel."""
-    return total_kv >= SECTION_MIN_KEYS * max(batch, 1)
+    sections: its keys average LONG_KEYS_MIN or more a sequence (+3-9% on the 8K-32K rows on an
+    H200; sequences of 2-4.6K keys lost 3-10%: TUNING.md, "Items in L2 sections"). The paged
+    programs decide this in the kernel (SECTION_MIN_KEYS)."""
+    return total_kv >= LONG_KEYS_MIN * max(batch, 1)
 
 
 def _per_dtype(kernels: dict, compile_program, dtype: torch.dtype, device: int):

@@ -160,8 +160,10 @@ def build_steps(
     sectioned = (page_size is not None or long_keys) and not (split or pack or window)
 
     def long_launch(kv):
-        """Whether a launch's keys average SECTION_MIN_KEYS or more a sequence: True in a
-        long_keys program (the entry chose it by that rule), else decided from kv_rows."""
+        """Whether a launch draws in sections: True in a long_keys program (the entry chose it,
+        tilelang_prefill.long_keys_launch), else whether kv_rows (page slots) average
+        SECTION_MIN_KEYS a sequence. Plain Python on purpose: inside a T.macro `page_size or 1`
+        evaluated to True (1), which left page size 64 unsectioned until 2026-11-30 (28)."""
         if long_keys:
             return True
         return kv_source.kv_rows(kv) // max(SECTION_MIN_KEYS // (page_size or 1), 1) >= batch

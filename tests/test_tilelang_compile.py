@@ -59,11 +59,14 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 _compiled = {}
 
 
-def compiled_kernel(dtype: str, causal: bool):
-    """(kernel, ptxas report) of a variant, compiled once per session."""
-    if (dtype, causal) not in _compiled:
-        _compiled[(dtype, causal)] = compile_fresh(tilelang_kernels(), dtype, causal)
-    return _compiled[(dtype, causal)]
+def compiled_kernel(dtype: str, causal: bool, long_keys: bool = False):
+    """(kernel, ptxas report) of a variant, compiled once per session (long_keys: its program
+    for launches of long sequences)."""
+    key = (dtype, causal, long_keys)
+    if key not in _compiled:
+        config = {"long_keys": True} if long_keys else {}
+        _compiled[key] = compile_fresh(tilelang_kernels(), dtype, causal, **config)
+    return _compiled[key]
 
 
 def compiled(dtype: str, causal: bool):
@@ -213,7 +216,6 @@ def test_compiles_without_register_spills(dtype, causal):
 # registers (reloaded once an item); the same draw decided at run time spilled the contiguous
 # programs everywhere (TUNING.md, "Items in L2 sections").
 LONG_KEYS_SPILL_BYTES = {("bfloat16", True): 8, ("float16", False): 0}
-_compiled_long = {}
 
 
 def test_long_keys_rule_takes_long_sequences_only():
@@ -227,11 +229,7 @@ def test_long_keys_rule_takes_long_sequences_only():
 
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
 def test_long_keys_programs_draw_in_sections(dtype, causal):
-    if (dtype, causal) not in _compiled_long:
-        _compiled_long[(dtype, causal)] = compile_fresh(
-            tilelang_kernels(), dtype, causal, long_keys=True
-        )  # fmt: skip
-    kernel, ptxas = _compiled_long[(dtype, causal)]
+    kernel, ptxas = compiled_kernel(dtype, causal, long_keys=True)
     source = kernel.get_kernel_source()
     assert "int run = (fetch[0] >> 3);" in source  # runs of SECTION_HEADS = 8 heads
     assert "kv_rows >>" not in source  # always: the entry chose the program by the rule
@@ -399,6 +397,7 @@ def cpu_programs(tmp_path_factory, tag: str, rewrites=()):
 @pytest.fixture(scope="module")
 def cpu_kernels(tmp_path_factory):
     get = cpu_programs(tmp_path_factory, "kernel")
+    # long_keys only when set: get() keys its cache on the variant's keywords
     return lambda causal, config, long_keys=False: get(
         config, causal=causal, **({"long_keys": True} if long_keys else {})
     )

@@ -7,10 +7,12 @@ point: the per-call checks, its launch, and (FA-2 plans) what the JIT's own laun
     python scripts/host_cost.py                       # the four short ragged workloads
     python scripts/host_cost.py --batches chunked_prefill_2k_over_16k_window_4096 prompt_8k
     python scripts/host_cost.py --paged chunked_prefill_2k_over_8k fresh_prompts_4x1k_3k
+    python scripts/host_cost.py --fp8 single_token_rows_16 prefix_cache_hits_8x256
 
 --paged takes page size 1 workloads instead: the solutions' calls, and the pieces of Triton's
 when it gathers the pages first (arguments.gathers_pages): the buffers' allocation, the copy's
-launch and the ragged launch over the buffers.
+launch and the ragged launch over the buffers. --fp8 takes paged workloads over FP8 caches
+(page size 64, the workloads' scales): the solutions' calls only.
 """
 
 import argparse
@@ -30,7 +32,13 @@ from prefill_bundle.testing import (
     make_inputs,
     poisoned_outputs,
 )
-from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
+from prefill_bundle.workloads import (
+    FP8_K_SCALE,
+    FP8_V_SCALE,
+    PAGED_BATCHES,
+    RAGGED_BATCHES,
+    SWA_BATCHES,
+)
 
 BACKENDS = ("flashinfer", "cuda", "tilelang", "triton")
 # Calls a host measurement: fewer than the launch queue holds (two launches a Triton Gluon call)
@@ -89,6 +97,39 @@ def paged_rows(names: list) -> list:
     return rows
 
 
+def fp8_rows(names: list) -> list:
+    """Paged workloads over FP8 caches: every backend's call."""
+    batches = {batch.name: batch for batch in PAGED_BATCHES}
+    runnables = {f"{b}_fp8kv": build_solution(f"{b}_fp8kv") for b in BACKENDS}
+    rows = []
+    for name in names:
+        batch = batches[name]
+        case = PagedCase(batch.q_lens, batch.kv_lens, 64, shared_prefix=batch.shared_prefix,
+                         fp8_scales=(FP8_K_SCALE, FP8_V_SCALE))  # fmt: skip
+        inputs = make_inputs(case, "cuda")
+        # FlashInfer reads the cache's unused slots (float8 has no nan_to_num: through fp32).
+        inputs = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and
+                  x.is_floating_point() else x for x in inputs]  # fmt: skip
+        outputs = poisoned_outputs(case, inputs)
+        rows += timed_calls(runnables, inputs, outputs, name)
+        triton_mod = entry_module(runnables["triton_fp8kv"])
+        plan = triton_mod._fp8_plans[next(reversed(triton_mod._fp8_plans))]
+        k_scale, v_scale, scale = inputs[7:10]
+        scale, v_scale = triton_mod.fold_kv_scales(scale, k_scale, v_scale)
+        tensors = (*inputs[:7], *outputs)
+        pieces = {
+            "triton: checks": lambda: triton_mod.check_placement(
+                triton_mod.PAGED_PS64_NAMES, tensors
+            ),
+            "triton: launch_paged": lambda: triton_mod.launch_paged(
+                plan, *inputs[:7], scale, *outputs, v_scale
+            ),
+        }
+        for label, fn in pieces.items():
+            rows.append((name, label, host_us(fn, CALLS), float("nan"), float("nan")))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     batches = {batch.name: batch for batch in RAGGED_BATCHES + SWA_BATCHES}
@@ -96,7 +137,12 @@ def main():
                         default=[batch.name for batch in RAGGED_BATCHES[:4]])  # fmt: skip
     parser.add_argument("--paged", nargs="+", metavar="NAME",
                         choices=[batch.name for batch in PAGED_BATCHES])  # fmt: skip
+    parser.add_argument("--fp8", nargs="+", metavar="NAME",
+                        choices=[batch.name for batch in PAGED_BATCHES])  # fmt: skip
     options = parser.parse_args()
+    if options.fp8:
+        print_rows(fp8_rows(options.fp8))
+        return
     if options.paged:
         print_rows(paged_rows(options.paged))
         return

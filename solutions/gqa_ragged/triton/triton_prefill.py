@@ -172,25 +172,52 @@ def _plan_splits(meta: dict, tokens_per_seq: float, batch: int, kv_tokens: int, 
     return _kv_splits(tokens_per_seq, batch, kv_tokens, meta["BLOCK_N"], _sm_count(device))
 
 
+# (device index, stream) -> split-KV's fp32 workspace: (its views' key, the views, the buffer)
+_workspaces = {}
+
+
+def _split_workspace(out, lse, splits: int) -> tuple:
+    """Split-KV's fp32 workspaces for `splits` shares of out and lse: views of one buffer per
+    (device, stream), grown on demand and kept, with the last call's views, so that a call of
+    the same shape allocates nothing and builds no view (~5 us of host time before the launch,
+    which flashinfer-bench's timer counts: TUNING.md, host time). Launches on one stream run
+    in order, so a call's merge has read the buffer before the next call's shares write it;
+    two streams get two buffers (as the Gluon kernels' item counters). The interpreter's CPU
+    calls allocate their own."""
+    part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
+    size = part_size + splits * lse.numel()
+    device = out.get_device()
+    if device < 0:
+        workspace = torch.empty(size, dtype=torch.float32, device=out.device)
+        return (workspace[:part_size].view(splits, *out.shape),
+                workspace[part_size:size].view(splits, *lse.shape))  # fmt: skip
+    slot = (device, torch._C._cuda_getCurrentRawStream(device))
+    shapes = (splits, out.shape, lse.shape)
+    entry = _workspaces.get(slot)
+    if entry is not None and entry[0] == shapes:
+        return entry[1]
+    buffer = entry[2] if entry is not None and entry[2].numel() >= size else None
+    if buffer is None:
+        buffer = torch.empty(size, dtype=torch.float32, device=out.device)
+    views = (buffer[:part_size].view(splits, *out.shape),
+             buffer[part_size:size].view(splits, *lse.shape))  # fmt: skip
+    _workspaces[slot] = (shapes, views, buffer)
+    return views
+
+
 def _launch_split(grid, meta, runners, args) -> None:
     """The attention kernel over KV_SPLITS key shares into fp32 workspaces (args' out and lse
-    are replaced), then merge_kv_splits into out and lse. The workspaces are one allocation a
-    call (torch's caching allocator: ~3.5 us of host time each, before the launch), never kept
-    in the plan, which two streams share."""
+    are replaced; _split_workspace), then merge_kv_splits into out and lse."""
     out, lse = args[3], args[4]
     splits = meta["KV_SPLITS"]
-    part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
-    workspace = torch.empty(part_size + splits * lse.numel(), dtype=torch.float32,
-                            device=out.device)  # fmt: skip
-    part_out = workspace[:part_size].view(splits, *out.shape)
-    part_lse = workspace[part_size:].view(splits, *lse.shape)
+    part_out, part_lse = _split_workspace(out, lse, splits)
     device = out.get_device()
     _cached_launch(gqa_prefill_fwd, grid, lambda: _attention_constexprs(meta), runners, device,
                    (*args[:3], part_out, part_lse, *args[5:]))  # fmt: skip
     rows = out.shape[0] * NUM_HEADS
     merge_constexprs = lambda: dict(HEAD_DIM=HEAD_DIM, KV_SPLITS=splits,  # noqa: E731
                                     BLOCK_ROWS=MERGE_ROWS, INTERPRETED=INTERPRET)  # fmt: skip
-    _cached_launch(merge_kv_splits, (triton.cdiv(rows, MERGE_ROWS),), merge_constexprs, runners,
+    _cached_launch(merge_kv_splits, (-(-rows // MERGE_ROWS),), merge_constexprs, runners,
                    ("merge", device), (part_out, part_lse, out, lse, rows))  # fmt: skip
 
 

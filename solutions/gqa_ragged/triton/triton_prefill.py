@@ -179,8 +179,9 @@ _workspaces = {}
 def _split_workspace(out, lse, splits: int) -> tuple:
     """Split-KV's fp32 workspaces for `splits` shares of out and lse: views of one buffer per
     (device, stream), grown on demand and kept, with the last call's views, so that a call of
-    the same shape allocates nothing and builds no view (~5 us of host time before the launch,
-    which flashinfer-bench's timer counts: TUNING.md, host time). Launches on one stream run
+    the same shape allocates nothing and builds no view (13-26 us of host time before the
+    launch on the H200 hosts, which flashinfer-bench's timer counts: TUNING.md, host time on
+    the decode rows). Launches on one stream run
     in order, so a call's merge has read the buffer before the next call's shares write it;
     two streams get two buffers (as the Gluon kernels' item counters). The interpreter's CPU
     calls allocate their own."""

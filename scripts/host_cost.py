@@ -30,6 +30,7 @@ from prefill_bundle.testing import (
     build_solution,
     entry_module,
     make_inputs,
+    nan_slots_to_zero,
     poisoned_outputs,
 )
 from prefill_bundle.workloads import (
@@ -67,10 +68,7 @@ def paged_rows(names: list) -> list:
         batch = batches[name]
         runnables = {f"{b}_paged_ps1": build_solution(f"{b}_paged_ps1") for b in BACKENDS}
         case = PagedCase(batch.q_lens, batch.kv_lens, 1, shared_prefix=batch.shared_prefix)
-        inputs = [
-            x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x
-            for x in make_inputs(case, "cuda")
-        ]  # FlashInfer reads the cache's unused slots
+        inputs = nan_slots_to_zero(make_inputs(case, "cuda"))
         outputs = poisoned_outputs(case, inputs)
         rows += timed_calls(runnables, inputs, outputs, name)
         triton_mod = entry_module(runnables["triton_paged_ps1"])
@@ -106,10 +104,7 @@ def fp8_rows(names: list) -> list:
         batch = batches[name]
         case = PagedCase(batch.q_lens, batch.kv_lens, 64, shared_prefix=batch.shared_prefix,
                          fp8_scales=(FP8_K_SCALE, FP8_V_SCALE))  # fmt: skip
-        inputs = make_inputs(case, "cuda")
-        # FlashInfer reads the cache's unused slots (float8 has no nan_to_num: through fp32).
-        inputs = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and
-                  x.is_floating_point() else x for x in inputs]  # fmt: skip
+        inputs = nan_slots_to_zero(make_inputs(case, "cuda"))
         outputs = poisoned_outputs(case, inputs)
         rows += timed_calls(runnables, inputs, outputs, name)
         triton_mod = entry_module(runnables["triton_fp8kv"])

@@ -15,7 +15,13 @@ import argparse
 import torch
 
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
-from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import (
+    PagedCase,
+    build_solution,
+    make_inputs,
+    nan_slots_to_zero,
+    poisoned_outputs,
+)
 from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
 
 
@@ -49,10 +55,7 @@ def main():
         for batch in PAGED_BATCHES:
             case = PagedCase(batch.q_lens, batch.kv_lens, page_size,
                              shared_prefix=batch.shared_prefix)  # fmt: skip
-            paged = make_inputs(case, "cuda", seed=0)
-            paged = [
-                x.nan_to_num() if torch.is_tensor(x) and x.is_floating_point() else x for x in paged
-            ]  # fmt: skip  (FlashInfer reads unused slots)
+            paged = nan_slots_to_zero(make_inputs(case, "cuda", seed=0))
             ragged = gathered(case, paged)
             for backend in options.backends:
                 pair = {}

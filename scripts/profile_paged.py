@@ -31,6 +31,7 @@ from prefill_bundle.testing import (
     RaggedCase,
     build_solution_or_file,
     make_inputs,
+    nan_slots_to_zero,
     poisoned_outputs,
 )
 from prefill_bundle.workloads import (
@@ -54,10 +55,7 @@ def main():
     page_size = 64 if fp8 else int(stem.rsplit("ps", 1)[1]) if "_ps" in stem else 1
     case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix,
                      fp8_scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())  # fmt: skip
-    paged = make_inputs(case, "cuda", seed=0)
-    # NaN in unused cache slots to 0 (FP8 through fp32: nan_to_num has no float8 kernel).
-    paged = [x.float().nan_to_num().to(x.dtype) if torch.is_tensor(x) and x.is_floating_point()
-             else x for x in paged]  # fmt: skip
+    paged = nan_slots_to_zero(make_inputs(case, "cuda", seed=0))
     args = gathered(case, paged) if stem.endswith("_ragged") else paged
     profile(build_solution_or_file(name), case, args)
 

@@ -121,3 +121,27 @@ def test_fp8_quantized_products_emulates_what_it_says():
     assert emulation.flashinfer_bench_fails(ref.bfloat16().float(), ref) == 0
     p8 = emulation.attend(q2, k2, v2, row, 1.0, "p8").bfloat16().float()
     assert emulation.flashinfer_bench_fails(p8, ref) == 128
+
+
+def test_nan_slots_to_zero_clears_every_float_input_and_keeps_the_rest():
+    """The timing scripts' inputs for FlashInfer (which reads a paged cache's unused slots):
+    NaN becomes 0 in 16-bit and float8 caches alike, values and index tensors are kept."""
+    from prefill_bundle.testing import PagedCase, make_inputs, nan_slots_to_zero
+
+    for scales in ((), (0.5, 1.25)):
+        case = PagedCase((3, 1), (70, 200), 64, torch.bfloat16, fp8_scales=scales)
+        inputs = make_inputs(case, "cpu", seed=0)
+        cleared = nan_slots_to_zero(inputs)
+        caches = [x for x in inputs if torch.is_tensor(x) and x.dim() == 4]
+        assert any(x.float().isnan().any() for x in caches)  # the unused slots, to clear
+        for before, after in zip(inputs, cleared):
+            if not torch.is_tensor(before):
+                assert after == before
+                continue
+            assert after.dtype == before.dtype and after.shape == before.shape
+            if before.is_floating_point():
+                assert not after.float().isnan().any()
+                kept = ~before.float().isnan()
+                assert torch.equal(after.float()[kept], before.float()[kept])
+            else:
+                assert torch.equal(after, before)

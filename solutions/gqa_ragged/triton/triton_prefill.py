@@ -188,13 +188,9 @@ def _split_workspace(out, lse, splits: int) -> tuple:
     part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
     size = part_size + splits * lse.numel()
     device = out.get_device()
-    if device < 0:
-        workspace = torch.empty(size, dtype=torch.float32, device=out.device)
-        return (workspace[:part_size].view(splits, *out.shape),
-                workspace[part_size:size].view(splits, *lse.shape))  # fmt: skip
-    slot = (device, torch._C._cuda_getCurrentRawStream(device))
+    slot = (device, torch._C._cuda_getCurrentRawStream(device)) if device >= 0 else None
     shapes = (splits, out.shape, lse.shape)
-    entry = _workspaces.get(slot)
+    entry = _workspaces.get(slot)  # None for the interpreter's calls: never kept
     if entry is not None and entry[0] == shapes:
         return entry[1]
     buffer = entry[2] if entry is not None and entry[2].numel() >= size else None
@@ -202,7 +198,8 @@ def _split_workspace(out, lse, splits: int) -> tuple:
         buffer = torch.empty(size, dtype=torch.float32, device=out.device)
     views = (buffer[:part_size].view(splits, *out.shape),
              buffer[part_size:size].view(splits, *lse.shape))  # fmt: skip
-    _workspaces[slot] = (shapes, views, buffer)
+    if slot is not None:
+        _workspaces[slot] = (shapes, views, buffer)
     return views
 
 

@@ -145,3 +145,39 @@ def test_nan_slots_to_zero_clears_every_float_input_and_keeps_the_rest():
                 assert torch.equal(after.float()[kept], before.float()[kept])
             else:
                 assert torch.equal(after, before)
+
+
+def test_decode_ceiling_probes_compute_what_they_say():
+    """scripts/decode_ceiling.py on the CPU (the interpreter): read_pages sums exactly the K and
+    V rows of the page table's pages, whatever the heads a program or the launch order, and the
+    lean split-KV decode probe matches the reference on single-token rows over FP8 and bf16
+    caches (empty shares included: a 1-key sequence), with triton's casts to bf16 and f16."""
+    import triton
+
+    from prefill_bundle.testing import (
+        PagedCase,
+        make_inputs,
+        nan_slots_to_zero,
+        normwise_error,
+        poisoned_outputs,
+        reference_outputs,
+    )
+
+    probe = load_script("decode_ceiling")
+    for scales in ((0.5, 2.0), ()):
+        case = PagedCase((1, 1, 1), (150, 1, 97), 64, fp8_scales=scales)
+        inputs = make_inputs(case, "cpu", seed=3)
+        k, v, pages = nan_slots_to_zero(inputs)[1:3] + [inputs[5]]  # the unused slots hold NaN
+        expected_sum = (k[pages.long()].float() + v[pages.long()].float()).sum()
+        for heads, fastest in ((1, False), (2, True), (8, False)):
+            grid = triton.cdiv(pages.numel(), 2) * (8 // heads)
+            out = torch.full((grid,), float("nan"))
+            probe.read_pages[(grid,)](k, v, pages, out, pages.numel(), PAGES_A_PROGRAM=2,
+                                      HEADS_A_PROGRAM=heads, HEADS_FASTEST=fastest)  # fmt: skip
+            torch.testing.assert_close(out.sum(), expected_sum, rtol=1e-5, atol=1e-2)
+        expected = reference_outputs(case, inputs)
+        for conversion in (probe.CAST_BF16, probe.CAST_F16) if scales else (probe.CAST_BF16,):
+            outputs = poisoned_outputs(case, inputs)
+            probe.lean_call(inputs, 3, 64, conversion, outputs)
+            assert normwise_error(outputs[0], expected[0]) < 1e-2
+            torch.testing.assert_close(outputs[1], expected[1], rtol=0, atol=1e-3)

@@ -25,8 +25,10 @@ import triton
 import triton.language as tl
 
 LOG2_E = 1.4426950408889634
-PAGE = 64  # the workload's page size; a page holds PAGE tokens x 8 KV heads x 128
-ROW = 8 * 128  # elements of one token's row (every KV head)
+# The workload's page size (a page holds PAGE tokens x 8 KV heads x 128) and one token's row of
+# every KV head, in elements; constexpr objects so that the kernels may read them.
+PAGE = tl.constexpr(64)
+ROW = tl.constexpr(8 * 128)
 
 CAST_BF16, BITS_BF16, CAST_F16, PRMT_ONLY = 0, 1, 2, 3
 CONVERSIONS = {CAST_BF16: "cast to bf16", BITS_BF16: "bit-level bf16", CAST_F16: "cast to f16",
@@ -214,8 +216,8 @@ def read_rates(k, v, pages, quick: bool) -> list:
                         HEADS_A_PROGRAM=heads, HEADS_FASTEST=heads_fastest, num_warps=warps,
                     )  # fmt: skip
                     ms = triton.testing.do_bench(fn, warmup=20, rep=200)
-                    rows.append((2 * n * PAGE * ROW * k.element_size() / ms / 1e9, heads,
-                                 heads_fastest, pages_a_program, warps, ms * 1e3))  # fmt: skip
+                    tb_s = 2 * n * PAGE.value * ROW.value * k.element_size() / ms / 1e9
+                    rows.append((tb_s, heads, heads_fastest, pages_a_program, warps, ms * 1e3))
     return sorted(rows, reverse=True)
 
 

@@ -13,7 +13,9 @@
 // rows 0-3 are the KV head's 4 query heads, rows 4-15 zero; K's B fragments are two e4m3 bytes
 // of a key row (one 16-bit shared load and one cvt a register), V's two bytes of two key rows;
 // S's accumulators become P's A fragments (FA2's reuse). The shares' fp32 results are merged by
-// a second kernel. Checked against a float64 reference on the host.
+// a second kernel. Checked against a float64 reference on the host. (mma.sync on e4m3 operands
+// is no way around the conversion on Hopper: ptxas lowers m16n8k32 e4m3 to F2FP unpacks and
+// f16 HMMA.16816, as triton does for an e4m3 tl.dot of 16 rows; only wgmma multiplies FP8.)
 //
 //     nvcc -O3 -arch=sm_90a -std=c++17 -o decode_probe scripts/decode_probe.cu
 //     ./decode_probe            # a table: shares, us with the merge, us without, TB/s
@@ -404,6 +406,8 @@ int main(int argc, char** argv) {
     printf("%6d  %15.1f  %16.1f  %4.2f  %14.2e  %14.2e%s\n", shares, times[1], times[0],
            kv_bytes / (times[1] * 1e-6) / 1e12, out_err, lse_err,
            out_err < 2e-2 && lse_err < 1e-3 ? "" : "  WRONG");
+    CK(cudaMemset(d_out, 0xFF, out.size() * 2));  // poisoned (NaN) for the next row's check
+    CK(cudaMemset(d_lse, 0xFF, lse.size() * 4));
   }
   return 0;
 }

@@ -8,7 +8,8 @@
    share, KV head, sequence): its 4 query heads in a 16-row tl.dot, plain loads, no argument or
    page-id checks, single-token rows only. FP8 caches convert by triton's cast to bf16 (a cvt
    and two F2F a pair), the solution's bit-level bf16 conversion (kv_loops._e4m3_to_bf16), the
-   cast to f16 (q in f16 too), or two prmt only (wrong values: the conversion's floor).
+   cast to f16 (q in f16 too), or two prmt only (wrong values: the conversion's floor); its
+   shares merged by the solution's merge_kv_splits.
 
 Each beside the shipped Triton solution and FlashInfer, kernel time (do_bench, L2 flushed).
 What it found: triton/TUNING.md, "The decode rows' ceiling".
@@ -34,7 +35,7 @@ CAST_BF16, BITS_BF16, CAST_F16, PRMT_ONLY = 0, 1, 2, 3
 CONVERSIONS = {CAST_BF16: "cast to bf16", BITS_BF16: "bit-level bf16", CAST_F16: "cast to f16",
                PRMT_ONLY: "two prmt (wrong values)"}  # fmt: skip
 
-_e4m3_to_bf16 = None  # the Triton solution's kv_loops._e4m3_to_bf16, set by set_bf16_conversion
+_e4m3_to_bf16 = None  # the Triton solution's kv_loops._e4m3_to_bf16, set by solution_modules
 
 
 @triton.jit
@@ -144,43 +145,23 @@ def lean_decode(q, k, v, kv_indptr, pages, last_page_len, part_out, part_lse, qk
     tl.store(part_lse + out_row, m_i + tl.math.log2(l_i), mask=rows < 4)
 
 
-@triton.jit
-def merge_shares(part_out, part_lse, out, lse, n_rows, SHARES: tl.constexpr,
-                 ROWS: tl.constexpr):  # fmt: skip
-    """out / lse of ROWS (token, head) rows from their SHARES parts (empty shares: LSE -inf)."""
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    ok = row < n_rows
-    dims = tl.arange(0, 128)[None, :]
-    top = tl.full([ROWS], float("-inf"), tl.float32)
-    for s in tl.static_range(SHARES):
-        top = tl.maximum(top, tl.load(part_lse + s * n_rows + row, mask=ok, other=float("-inf")))
-    total = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, 128], tl.float32)
-    for s in tl.static_range(SHARES):
-        weight = tl.math.exp2(tl.load(part_lse + s * n_rows + row, mask=ok, other=0.0) - top)
-        weight = tl.where(ok & (weight > 0), weight, 0.0)
-        total += weight
-        part = tl.load(part_out + (s * n_rows + row)[:, None] * 128 + dims,
-                       mask=(weight > 0)[:, None], other=0.0)  # fmt: skip
-        acc += weight[:, None] * part
-    tl.store(out + row[:, None] * 128 + dims, (acc / total[:, None]).to(out.dtype.element_ty),
-             mask=ok[:, None])  # fmt: skip
-    tl.store(lse + row, top + tl.math.log2(total), mask=ok)
-
-
-def set_bf16_conversion():
-    """_e4m3_to_bf16 from the packed Triton solution (the same code the solution runs)."""
+def solution_modules():
+    """The packed Triton solution's kv_loops and split_kv modules (the code the solution runs):
+    sets _e4m3_to_bf16, which lean_decode calls, and returns split_kv (merge_kv_splits)."""
     global _e4m3_to_bf16
     from prefill_bundle.testing import entry_module
 
     package = entry_module("triton_fp8kv").__name__.rpartition(".")[0]
     _e4m3_to_bf16 = sys.modules[package + ".kv_loops"]._e4m3_to_bf16
+    return sys.modules[package + ".split_kv"]
 
 
 def lean_call(inputs, shares: int, keys: int, conversion: int, outputs, num_warps=4,
               num_stages=2):  # fmt: skip
     """The probe on one paged case's inputs (the definition's order; FP8: the scales after the
-    page table): launches lean_decode and merge_shares into outputs; returns the launch."""
+    page table): launches lean_decode, then the solution's merge_kv_splits into outputs;
+    returns the launch."""
+    merge = solution_modules().merge_kv_splits
     q, k, v, _, kv_indptr, pages, last_page_len = inputs[:7]
     k_scale, v_scale = inputs[7:9] if len(inputs) == 10 else (1.0, 1.0)
     batch = q.shape[0]
@@ -195,7 +176,8 @@ def lean_call(inputs, shares: int, keys: int, conversion: int, outputs, num_warp
             SHARES=shares, KEYS=keys, CONVERSION=conversion, INTERPRETED=interpreted,
             num_warps=num_warps, num_stages=num_stages)  # fmt: skip
         rows = batch * 32
-        merge_shares[(triton.cdiv(rows, 4),)](*parts, *outputs, rows, SHARES=shares, ROWS=4)
+        merge[(triton.cdiv(rows, 4),)](*parts, *outputs, rows, HEAD_DIM=128, KV_SPLITS=shares,
+                                       BLOCK_ROWS=4, INTERPRETED=interpreted)  # fmt: skip
 
     launch()
     return launch
@@ -237,7 +219,7 @@ def main():
         reference_outputs,
     )
 
-    set_bf16_conversion()
+    solution_modules()
     print("gpu at start:", clocks())
     for definition in (PAGED_FP8, PAGED_PS64):
         baseline, cases = CASES[definition]

@@ -151,7 +151,8 @@ def test_decode_ceiling_probes_compute_what_they_say():
     """scripts/decode_ceiling.py on the CPU (the interpreter): read_pages sums exactly the K and
     V rows of the page table's pages, whatever the heads a program or the launch order, and the
     lean split-KV decode probe matches the reference on single-token rows over FP8 and bf16
-    caches (empty shares included: a 1-key sequence), with triton's casts to bf16 and f16."""
+    caches (3 shares, empty ones included: a 1-key sequence; 1 share: three tiles in one
+    program's loop), with triton's casts to bf16 and f16."""
     import triton
 
     from prefill_bundle.testing import (
@@ -176,8 +177,9 @@ def test_decode_ceiling_probes_compute_what_they_say():
                                       HEADS_A_PROGRAM=heads, HEADS_FASTEST=fastest)  # fmt: skip
             torch.testing.assert_close(out.sum(), expected_sum, rtol=1e-5, atol=1e-2)
         expected = reference_outputs(case, inputs)
-        for conversion in (probe.CAST_BF16, probe.CAST_F16) if scales else (probe.CAST_BF16,):
+        conversions = (probe.CAST_BF16, probe.CAST_F16) if scales else (probe.CAST_BF16,)
+        for conversion, shares in zip(conversions, (3, 1)):  # 1: a program's tiles in a loop
             outputs = poisoned_outputs(case, inputs)
-            probe.lean_call(inputs, 3, 64, conversion, outputs)
+            probe.lean_call(inputs, shares, 64, conversion, outputs)
             assert normwise_error(outputs[0], expected[0]) < 1e-2
             torch.testing.assert_close(outputs[1], expected[1], rtol=0, atol=1e-3)

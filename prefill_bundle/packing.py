@@ -65,6 +65,7 @@ CUDA_SOURCES = (
     "kv_paged_fp8.cuh",
     "kernel_hopper.cuh",
     "split_merge.cuh",
+    "decode_fp8.cuh",
 )
 
 

@@ -38,6 +38,7 @@ class MalformedPagedBatch:
     dtype: torch.dtype = torch.bfloat16
     fp8: bool = False  # float8_e4m3fn caches with k_scale, v_scale (page size 64)
     pages: int | None = None  # the cache's pages; None: 140 of 1 token or 12 of 64
+    q_rows: int | None = None  # q's rows; None: Q_INDPTR's 100
 
     @property
     def definition(self) -> str:
@@ -97,8 +98,26 @@ def _batches(page_size: int, fp8: bool = False) -> list:
         batch("decode_rows_bad_page", qo_indptr=decode, kv_indices=_with(ids, starts[2], pages)),
         batch("decode_rows_bad_kv_indptr", qo_indptr=decode, kv_indptr=swapped),
     ]
+    # Decode-like batches (at most 4 query rows a sequence on average, q no longer than that):
+    # CUDA's FP8 decode kernel (decode_fp8.cuh) and the split paths take them. One token a
+    # sequence; then 4 and 1 tokens; then 7 (two groups of 4 in the decode kernel) and 1 and 1.
+    one, four, seven = dict(qo_indptr=decode, q_rows=3), dict(qo_indptr=(0, 4, 5, 9), q_rows=9), \
+        dict(qo_indptr=(0, 7, 8, 9), q_rows=9)  # fmt: skip
+    batches += [
+        batch("decode_batch", **one),
+        batch("decode_batch_bad_page", kv_indices=_with(ids, starts[1], pages), **one),
+        batch("decode_batch_bad_kv_indptr", kv_indptr=swapped, **one),
+        batch("decode_batch_qo_non_monotonic", qo_indptr=(0, 2, 1, 3), q_rows=3),
+        batch("decode_batch_qo_end_past_total", qo_indptr=(0, 1, 2, 7), q_rows=3),
+        batch("decode_batch_garbage", qo_indptr=(7, -3, 1 << 30, 5), kv_indptr=(99, 7, -8, 0),
+              q_rows=3),
+        batch("decode_tokens", **four),
+        batch("decode_tokens_bad_page", kv_indices=_with(ids, starts[3] - 1, pages), **four),
+        batch("decode_tokens_seven", **seven),
+    ]
     if page_size > 1:
         batches += [
+            batch("decode_batch_last_page_len_zero", kv_last_page_len=(10, 0, 1), **one),
             batch("last_page_len_zero", kv_last_page_len=(10, 0, 1)),
             batch("last_page_len_past_page", kv_last_page_len=(10, 64, 65)),
             batch("last_page_len_negative", kv_last_page_len=(-5, 64, 1)),
@@ -131,6 +150,9 @@ def long_batches(page_size: int, fp8: bool = False) -> list:
                                     kv_last_page_len=last, fp8=fp8, pages=num_pages)  # fmt: skip
         bad_ids = _with(ids, pages[0] // 2, num_pages)
         batches += [valid, replace(valid, name=f"{name}_bad_page", kv_indices=bad_ids)]
+        # One query row a sequence: the decode-like paths split these keys into shares.
+        decode = replace(valid, name=f"{name}_decode", qo_indptr=(0, 1, 2, 3), q_rows=3)
+        batches += [decode, replace(decode, name=f"{name}_decode_bad_page", kv_indices=bad_ids)]
     return batches
 
 
@@ -145,7 +167,8 @@ def malformed_paged_inputs(batch: MalformedPagedBatch, device, seed: int = 0) ->
 
     kv_indptr, kv_indices, last = batch.table()
     cache = (batch.num_pages, batch.page_size, NUM_KV_HEADS, HEAD_DIM)
-    inputs = [randn(Q_INDPTR[-1], NUM_HEADS, HEAD_DIM), randn(*cache), randn(*cache)]
+    q_rows = Q_INDPTR[-1] if batch.q_rows is None else batch.q_rows
+    inputs = [randn(q_rows, NUM_HEADS, HEAD_DIM), randn(*cache), randn(*cache)]
     if batch.fp8:
         inputs[1:3] = [x.to(torch.float8_e4m3fn) for x in inputs[1:3]]
     for values in (batch.qo_indptr, kv_indptr, kv_indices) + ((last,) if last else ()):

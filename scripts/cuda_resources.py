@@ -30,6 +30,9 @@ _FP8_NOTES = {
 # Split-KV's merge of key shares (merge_shares_kernel<dtype>, split_merge.cuh).
 _MERGE = re.compile(r"(merge_shares_kernel)I\d+(\w+?)EEv")
 _GATHER = re.compile(r"(gather_pages_kernel)I\d+(\w+?)EEv")  # page size 1's page gather
+# Decode-like FP8 batches' kernel (gqa_decode_fp8_kernel<dtype, tokens a group>, decode_fp8.cuh).
+_DECODE = re.compile(r"(gqa_decode_fp8_kernel)I\d+(\w+?)Li(\d)EEEv")
+_DECODE_SMEM = "72 KiB (2 K + 2 V stages of 32 FP8 keys a warp, 4 warps)"
 _PAGED_NOTES = {
     ("gqa_prefill_paged_kernel", "64"): ("", cuda_build.PORTABLE_SMEM),
     ("gqa_prefill_paged_kernel", "1"): ("", cuda_build.PORTABLE_SMEM),
@@ -56,6 +59,14 @@ def resources_markdown(output: str) -> str:
         swa = _SWA.search(name)
         fp8 = _FP8.search(name)
         merge = _MERGE.search(name) or _GATHER.search(name)
+        decode = _DECODE.search(name)
+        if decode is not None:
+            kernel, dtype, tokens = decode.groups()
+            dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
+            paged[f"{kernel}<{dtype}, {tokens} token{'s' if tokens != '1' else ''} a group>"] = (
+                cuda_build.ptxas_report(marker + block).popitem()[1], ("", _DECODE_SMEM)
+            )
+            continue
         if merge is not None:
             kernel, dtype = merge.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)

@@ -35,12 +35,14 @@ DRIVER = r"""
 #include "hopper_knobs.cuh"
 #include "mask_softmax.cuh"
 #include "split_merge.cuh"
+#include "decode_fp8.cuh"
 using namespace gqa_prefill;
 // stdin lines:
 //   clip tok0 tile_tokens seq_q seq_kv shares entry -> per share: kv_start seq_kv causal_offset
 //        kv_len, then needs_mask of each of its key tiles (mask_tile's test)
 //   merge shares lse... -> merged lse, then the weights
 //   plan total_q batch keys items sms -> kv_shares (the shipped build's share_waves)
+//   decode batch keys sms -> decode_shares (the FP8 decode kernel's plan)
 int main() {
   char mode[8];
   while (std::scanf("%7s", mode) == 1) {
@@ -76,6 +78,11 @@ int main() {
       std::printf("%.9g", merged);
       for (int s = 0; s < shares; ++s) std::printf(" %.9g", weights[s]);
       std::printf("\n");
+    } else if (!std::strcmp(mode, "decode")) {
+      long long batch, keys;
+      int sms;
+      std::scanf("%lld %lld %d", &batch, &keys, &sms);
+      std::printf("%d\n", decode_shares(batch, keys, sms));
     } else {
       long long total_q, batch, keys, items;
       int sms;
@@ -169,3 +176,18 @@ def test_merge_weights(driver):
 def test_plan_splits_decode_like_batches(driver, total_q, batch, keys, expected):
     items = (total_q // TOKENS_PER_TILE + batch) * 8
     assert driver([f"plan {total_q} {batch} {keys} {items} 132"]) == [[str(expected)]]
+
+
+@pytest.mark.parametrize(
+    "batch, keys, expected",
+    [
+        (16, 2142 * 64, 13),  # single_token_rows_16: 128 (sequence, KV head) pairs, ~4 waves
+        (1, 1 << 20, 16),  # one long row: capped at kMaxKvShares
+        (4, 4 * 600, 1),  # shares would be under 512 keys
+        (1000, 1000 * 2048, 1),  # a large batch fills the GPU unsplit
+        (40, 40 * 3000, 5),  # 320 pairs: 1584 CTAs
+    ],
+)
+def test_decode_kernel_plan(driver, batch, keys, expected):
+    """decode_shares (decode_fp8.cuh): about 4 waves of 3 CTAs an SM, shares of >= 512 keys."""
+    assert driver([f"decode {batch} {keys} 132"]) == [[str(expected)]]

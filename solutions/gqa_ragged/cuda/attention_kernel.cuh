@@ -39,6 +39,7 @@
 //   kernel_portable.cuh  gqa_prefill_kernel, gqa_prefill_paged_kernel
 //   kernel_hopper.cuh    gqa_prefill_wgmma_kernel, gqa_prefill_paged_wgmma_kernel
 //   split_merge.cuh      split-KV's merge of key shares (merge_shares_kernel, share_weights)
+//   decode_fp8.cuh       gqa_decode_fp8_kernel: decode-like batches over FP8 caches
 #pragma once
 
 #include "kernel_config.cuh"
@@ -55,3 +56,4 @@
 #include "kernel_hopper.cuh"
 #include "kv_paged_fp8.cuh"
 #include "split_merge.cuh"
+#include "decode_fp8.cuh"

@@ -286,6 +286,63 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
                kWindow ? "gqa_prefill_swa_kernel" : "gqa_prefill_kernel", num_ctas);
 }
 
+// Decode-like FP8 batches (at most 4 query rows a sequence on average, a grid within 2^31 - 1
+// CTAs) go to gqa_decode_fp8_kernel (decode_fp8.cuh) on the Hopper path.
+// PREFILL_BUNDLE_DECODE_KERNEL=0 sends them to the Hopper kernel's split-KV instead (read on
+// every call, as PREFILL_BUNDLE_PAGE_GATHER: both paths in one process, for tests and timing).
+bool uses_decode_kernel(int64_t q_rows, int64_t batch) {
+  if (batch < 1 || q_rows > 4 * batch || batch * kNumKvHeads > std::numeric_limits<int32_t>::max())
+    return false;
+  const char* mode = std::getenv("PREFILL_BUNDLE_DECODE_KERNEL");
+  return mode == nullptr || std::strcmp(mode, "0") != 0;
+}
+
+// The decode kernel of one token a group (every sequence one token on average) or four, with
+// its shared-memory opt-in once per device.
+template <typename T, int kTokens>
+auto* decode_kernel(int device_id) {
+  static bool allowed[64] = {};
+  auto* kernel = gqa_decode_fp8_kernel<T, kTokens>;
+  const bool cacheable = device_id >= 0 && device_id < 64;
+  if (!cacheable || !allowed[device_id]) {
+    allow_smem(kernel, kDecodeSmemBytes);
+    if (cacheable) allowed[device_id] = true;
+  }
+  return kernel;
+}
+
+// The decode kernel's launch: its shares' results into the stream's workspace, merged into out
+// and lse by merge_shares_kernel (one share: straight into out and lse).
+template <typename T>
+void launch_fp8_decode(const Params& params, const PageTable& pages, int64_t q_rows,
+                       const DLDevice& device, cudaStream_t stream) {
+  const int shares = decode_shares(params.batch, int64_t(params.total_kv) * kDecodePage,
+                                   multiprocessors(device.device_id));
+  const int64_t rows = q_rows * kNumHeads;  // (token, head) rows of output and lse
+  DecodeParams d{params, pages, params.out, params.lse, shares};
+  if (shares > 1) {
+    const size_t part_bytes = size_t(shares) * size_t(rows) * kHeadDim * sizeof(T);
+    char* workspace = static_cast<char*>(share_workspace(
+        device.device_id, stream, part_bytes + size_t(shares) * size_t(rows) * sizeof(float)));
+    d.parts = workspace;
+    d.part_lse = reinterpret_cast<float*>(workspace + part_bytes);
+  }
+  auto* kernel = q_rows == params.batch ? decode_kernel<T, 1>(device.device_id)
+                                        : decode_kernel<T, 4>(device.device_id);
+  int64_t num_ctas = int64_t(shares) * kNumKvHeads * params.batch;
+  kernel<<<static_cast<unsigned>(num_ctas), kDecodeThreads, kDecodeSmemBytes, stream>>>(d);
+  if (shares > 1) {
+    check_launch(kHopper, "gqa_decode_fp8_kernel", "", num_ctas);
+    const int64_t threads = rows * (kHeadDim / 8);
+    merge_shares_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+        static_cast<const T*>(d.parts), d.part_lse, static_cast<T*>(params.out), params.lse, rows,
+        shares);
+    num_ctas = (threads + 255) / 256;
+  }
+  check_launch(kHopper, shares > 1 ? "merge_shares_kernel" : "gqa_decode_fp8_kernel", "",
+               num_ctas);
+}
+
 // The paged definitions (causal): the same schedule, K/V through the page table. Page size 64
 // reads pages through 4-D descriptors of the caches; page size 1 gathers rows (no descriptor).
 // Descriptors are encoded on every call, as for the ragged kernel: the caches move between
@@ -317,6 +374,12 @@ void launch_paged(const Params& params, const PageTable& pages, int64_t num_slot
       static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
   const int64_t num_items = num_slots * kNumKvHeads;
   int64_t num_ctas = num_items;
+  if constexpr (kFp8) {
+    if (path == kHopper && uses_decode_kernel(q_rows, params.batch)) {
+      launch_fp8_decode<T>(params, pages, q_rows, device, stream);
+      return;
+    }
+  }
   if (path == kHopper) {
     PagedHopperParams launch{};
     HopperParams& hp = launch.hp;

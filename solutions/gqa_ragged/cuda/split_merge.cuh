@@ -53,7 +53,8 @@ __host__ __device__ inline float share_weights(const float* lse, int64_t stride,
     weights[s] = exp2f(lse[s * stride] - m);
     total += weights[s];
   }
-  for (int s = 0; s < shares; ++s) weights[s] /= total;
+  const float inverse = 1.f / total;  // one division (the kernel's loads wait on no branch)
+  for (int s = 0; s < shares; ++s) weights[s] *= inverse;
   return m + log2f(total);
 }
 
@@ -65,7 +66,10 @@ __device__ __forceinline__ void from_float(float x, __nv_bfloat16& y) {
 }
 
 // parts: [shares, rows, 128] of T, part_lse: [shares, rows] (rows = total_q x 32 heads);
-// out [rows, 128], lse [rows]. A thread merges 8 columns of one row (16 threads a row).
+// out [rows, 128], lse [rows]. A thread merges 8 columns of one row (16 threads a row). Its loads
+// are unrolled over kMaxKvShares and predicated (shares past `shares` read as lse -inf, weight
+// 0), so all of a row's lse values and parts are in flight at once: a loop over `shares` waited
+// out a load's latency a share (cuda/TUNING.md, the decode kernel's merge).
 template <typename T>
 __global__ void merge_shares_kernel(const T* __restrict__ parts,
                                     const float* __restrict__ part_lse, T* __restrict__ out,
@@ -75,16 +79,26 @@ __global__ void merge_shares_kernel(const T* __restrict__ parts,
   const int64_t row = index / kChunks;
   const int chunk = int(index % kChunks);
   if (row >= rows) return;
-  float weights[kMaxKvShares];
-  const float merged_lse = share_weights(part_lse + row, rows, shares, weights);
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int s = 0; s < shares; ++s) {
-    if (weights[s] == 0.f) continue;  // no key seen: its zeros add nothing
-    const uint4 bits =
-        *reinterpret_cast<const uint4*>(parts + (s * rows + row) * kHeadDim + chunk * 8);
-    const T* values = reinterpret_cast<const T*>(&bits);
+  // Loaded whatever the weights, unpredicated (shares past `shares` read share 0 again, weight
+  // 0): predicated, ptxas put each load just before its use, one latency a share.
+  uint4 bits[kMaxKvShares];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += weights[s] * to_float(values[i]);
+  for (int s = 0; s < kMaxKvShares; ++s) {
+    const int64_t share = s < shares ? s : 0;
+    bits[s] = __ldg(reinterpret_cast<const uint4*>(parts + (share * rows + row) * kHeadDim) + chunk);
+  }
+  float share_lse[kMaxKvShares], weights[kMaxKvShares];
+#pragma unroll
+  for (int s = 0; s < kMaxKvShares; ++s) {
+    share_lse[s] = s < shares ? __ldg(part_lse + s * rows + row) : -INFINITY;
+  }
+  const float merged_lse = share_weights(share_lse, 1, kMaxKvShares, weights);
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int s = 0; s < kMaxKvShares; ++s) {  // no key seen (weight 0): adds nothing (a select)
+    const T* values = reinterpret_cast<const T*>(&bits[s]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += weights[s] != 0.f ? weights[s] * to_float(values[i]) : 0.f;
   }
   uint4 packed;
   T* result = reinterpret_cast<T*>(&packed);

@@ -44,6 +44,7 @@ TILELANG_SOURCES = (
     "gqa_prefill_ws.py",
     "gqa_prefill_pipelined.py",
     "gqa_prefill_split.py",
+    "gqa_prefill_decode.py",
 )
 CUDA_SOURCES = (
     "prefill_entry.cu",

@@ -22,6 +22,7 @@ Without it, a TileLang variant compiles on the GPU machine, ~60 s a program ther
 """
 
 import argparse
+import importlib
 import os
 import subprocess
 import sys
@@ -33,14 +34,17 @@ from pathlib import Path
 
 ARCHIVE = Path(".tilelang-cache.tar.xz")
 H100_SMS = 132
+DECODE_JOBS = ("decode", "merge_decode")
 
 
 def programs() -> list:
     """(dtype, causal, page size, window, FP8 caches, split, pack, long keys) of every program
     the entries launch on the committed workloads (tilelang_prefill._kernel's keys, less the SM
     count), ("merge", dtype) and ("gather", dtype) (page size 1's page gather, before the ragged
-    program). Written out by hand: tests/test_dataset.py checks it against the entry's own
-    choices (paged_plan, gathers_pages, long_keys_launch) on each committed workload."""
+    program), ("decode", dtype, 64, False, True) and ("merge_decode", ...) (FP8 decode-like
+    batches: gqa_prefill_decode). Written out by hand: tests/test_dataset.py checks it against
+    the entry's own choices (paged_plan, gathers_pages, long_keys_launch) on each committed
+    workload."""
     from prefill_bundle.testing import tilelang_kernels
 
     kernels = tilelang_kernels()
@@ -56,6 +60,9 @@ def programs() -> list:
         if dtype == "bfloat16":
             split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
             jobs += [(dtype, True, page_size, False, fp8, s, True, False) for s in {False, split}]
+    # The FP8 decode program and its merge (gqa_prefill_decode; decode-like FP8 batches), laid
+    # out as (name, dtype, page size, window, FP8 caches).
+    jobs += [(name, "bfloat16", 64, False, True) for name in DECODE_JOBS]
     return jobs + [("merge", "bfloat16"), ("gather", "bfloat16")]
 
 
@@ -69,6 +76,8 @@ def definition_programs(definition: str, jobs: list) -> list:
             return definition in PAGE_SIZES or definition == PAGED_FP8
         if job[0] == "gather":
             return definition == PAGED_PS1
+        if job[0] in DECODE_JOBS:
+            return definition == PAGED_FP8
         dtype, _, page_size, window, fp8, _, _, _ = job
         if definition == MINI:
             return dtype == "float16"
@@ -98,6 +107,19 @@ def solution_kernels(path):
     return tilelang_kernels(build_solution_object(solution))
 
 
+def decode_module(kernels):
+    """The solution's gqa_prefill_decode beside its gqa_prefill_kernel, or (a pack that does not
+    hold it yet: prefill_bundle/packing.py's list) the repository's, through the decode probe's
+    loader: the same program text, so the same cache key."""
+    try:
+        return importlib.import_module(kernels.__name__.rpartition(".")[0] + ".gqa_prefill_decode")
+    except ModuleNotFoundError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import tilelang_decode_probe
+
+        return tilelang_decode_probe.solution_module()
+
+
 def compile_program(job, path=None) -> str:
     kernels = solution_kernels(path)
     start = time.perf_counter()
@@ -106,6 +128,10 @@ def compile_program(job, path=None) -> str:
             kernels.compile_merge(job[1])
         elif job[0] == "gather":
             kernels.compile_gather(job[1])
+        elif job[0] in DECODE_JOBS:
+            decode = decode_module(kernels)
+            build = decode.compile_decode if job[0] == "decode" else decode.compile_merge_decode
+            build(job[1])
         else:
             dtype, causal, page_size, window, fp8, split, pack, long_keys = job
             kernels.compile_variant(

@@ -616,7 +616,8 @@ def build_steps(
         num_slots=num_slots, accum_dtype=accum_dtype, neg_inf=neg_inf, slot_of=slot_of,
         sectioned=sectioned, DrawItem=DrawItem,
         Locate=Locate,
-        CheckBatch=CheckBatch, CheckTile=CheckTile, Poison=Poison, bounds=bounds, Mask=Mask,
+        CheckBatch=CheckBatch, CheckSequence=CheckSequence, CheckTile=CheckTile, Poison=Poison,
+        bounds=bounds, Mask=Mask,
         MaskTile=MaskTile, MMA0=MMA0, Softmax=Softmax, Rescale=Rescale, MMA1=MMA1,
         Epilogue=Epilogue,
     )  # fmt: skip

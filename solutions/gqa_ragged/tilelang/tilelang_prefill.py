@@ -24,7 +24,16 @@ the plan picks the share count from shapes, a split kernel writes each share's o
 into a per-stream fp32 workspace, and a merge kernel writes output and lse. They also pack the
 4 query heads of a KV head into one tile (items (token block, KV head): a quarter of the items
 and key tiles).
+
+Decode-like batches over FP8 caches (run_paged_ps64_fp8kv) run the lean decode program instead
+(gqa_prefill_decode: one warp a (key share, KV head, sequence), 32-key tiles, mma.sync on K and V
+converted to float16), its shares from decode_shares, then its merge (merge_decode).
+PREFILL_BUNDLE_TILELANG_DECODE=0 in the environment when a shape is first planned keeps the
+packed split program for it (A/B timing); the plan is cached per shape, so set it before the
+first call.
 """
+
+import os
 
 import torch
 
@@ -50,6 +59,7 @@ from .arguments import (
     gathers_pages,
     token_stride,
 )
+from .gqa_prefill_decode import compile_decode, compile_merge_decode, decode_shares
 from .gqa_prefill_kernel import (
     FP8_E4M3,
     HEAD_DIM,
@@ -72,6 +82,8 @@ _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _kernels = {}
 _merge_kernels = {}  # dtype -> split-KV's compiled merge
 _gather_kernels = {}  # dtype -> page size 1's compiled page gather
+_decode_kernels = {}  # dtype -> the FP8 decode program (gqa_prefill_decode.decode_fp8)
+_merge_decode_kernels = {}  # dtype -> its merge (gqa_prefill_decode.merge_decode)
 # Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
 # what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
 # token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
@@ -189,6 +201,22 @@ def _per_dtype(kernels: dict, compile_program, dtype: torch.dtype, device: int):
 def _merge_kernel(dtype: torch.dtype, device: int):
     """Split-KV's merge for q's dtype (gqa_prefill_split.merge_shares)."""
     return _per_dtype(_merge_kernels, compile_merge, dtype, device)
+
+
+def _decode_kernel(dtype: torch.dtype, device: int):
+    """The FP8 decode program for q's dtype (gqa_prefill_decode.decode_fp8)."""
+    return _per_dtype(_decode_kernels, compile_decode, dtype, device)
+
+
+def _merge_decode_kernel(dtype: torch.dtype, device: int):
+    """The decode program's merge for q's dtype (gqa_prefill_decode.merge_decode)."""
+    return _per_dtype(_merge_decode_kernels, compile_merge_decode, dtype, device)
+
+
+def decode_program_enabled() -> bool:
+    """Whether decode-like FP8 batches run the decode program: unless
+    PREFILL_BUNDLE_TILELANG_DECODE is "0" (read when a shape is first planned)."""
+    return os.environ.get("PREFILL_BUNDLE_TILELANG_DECODE", "1") != "0"
 
 
 def _gather_kernel(dtype: torch.dtype, device: int):
@@ -398,6 +426,12 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
         ragged = _kernel(q.dtype, True, device, long_keys=long_keys_launch(num_kv_indices, batch))
         gather = _gather_kernel(q.dtype, device), ragged
         return None, pageless, indexless, num_pages, 1, None, gather
+    if fp8 and decode_like(total_q, batch) and decode_program_enabled():
+        # The decode program writes fp32 shares (one at least) for its merge.
+        shares = decode_shares(total_q, batch, num_kv_indices * page_size, _sm_count(device))
+        kernel = _decode_kernel(q.dtype, device)
+        merge = _merge_decode_kernel(q.dtype, device)
+        return kernel, pageless, indexless, num_pages, shares, merge, None
     pack, shares = paged_plan(
         _DTYPES[q.dtype], page_size, fp8, total_q, batch, num_kv_indices * page_size,
         _sm_count(device),

@@ -2,7 +2,7 @@
 and its merge compile for sm_90a with the lean design's pieces in the CUDA source (cp.async page
 loads, the FP8 -> float16 conversion, mma.sync, the batch's warp vote), ptxas takes them
 without spills where nvcc is on PATH, and the plan (decode_shares) picks its share counts.
-On the GPU: tests/test_tilelang_decode_gpu.py."""
+On the GPU: tests/test_decode_gpu.py."""
 
 import shutil
 

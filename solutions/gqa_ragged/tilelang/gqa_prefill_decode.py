@@ -39,7 +39,7 @@ well-formed sequence covers (the entry launches decode-like batches only, total_
 so these ranges cover every row), and only a well-formed sequence's blocks compute. A page id
 outside [0, page_count) is never dereferenced (clamped: a valid page is read instead) and makes
 the share's rows NaN, output and lse (the merge then makes the row NaN); a last-page length
-outside [1, 64] makes the batch malformed. Indices into kv_indices and the caches are clamped
+outside [1, 64] (a sequence with pages) reads no key and makes the sequence's rows NaN. Indices into kv_indices and the caches are clamped
 into range, so nothing reads or writes outside the tensors.
 """
 

@@ -39,8 +39,10 @@ well-formed sequence covers (the entry launches decode-like batches only, total_
 so these ranges cover every row), and only a well-formed sequence's blocks compute. A page id
 outside [0, page_count) is never dereferenced (clamped: a valid page is read instead) and makes
 the share's rows NaN, output and lse (the merge then makes the row NaN); a last-page length
-outside [1, 64] (a sequence with pages) reads no key and makes the sequence's rows NaN. Indices into kv_indices and the caches are clamped
-into range, so nothing reads or writes outside the tensors.
+outside [1, 64] (a sequence with pages) reads no key and makes the sequence's rows NaN. Indices
+into kv_indices and the caches are clamped into range, so nothing reads or writes outside the
+tensors. A batch of more than DECODE_MAX_BATCH sequences (the grid's third dimension) takes the
+packed split program.
 """
 
 import math
@@ -78,6 +80,9 @@ DECODE_WAVES = 4
 DECODE_BLOCKS_PER_SM = 8
 DECODE_MIN_SHARE_KEYS = 256
 DECODE_MAX_SHARES = 32
+# The grid's third dimension is the batch (at most 65535 blocks there): a larger decode-like
+# batch takes the packed split program (tilelang_prefill._plan_paged).
+DECODE_MAX_BATCH = 65535
 MERGE_THREADS = 128  # merge_decode: 4 rows (token x head) a block, 32 threads a row
 MERGE_VECTOR = HEAD_DIM // 32  # columns a merge thread takes
 

@@ -59,7 +59,12 @@ from .arguments import (
     gathers_pages,
     token_stride,
 )
-from .gqa_prefill_decode import compile_decode, compile_merge_decode, decode_shares
+from .gqa_prefill_decode import (
+    DECODE_MAX_BATCH,
+    compile_decode,
+    compile_merge_decode,
+    decode_shares,
+)
 from .gqa_prefill_kernel import (
     FP8_E4M3,
     HEAD_DIM,
@@ -426,7 +431,8 @@ def _plan_paged(page_size: int, tensors: tuple, fp8: bool = False) -> tuple:
         ragged = _kernel(q.dtype, True, device, long_keys=long_keys_launch(num_kv_indices, batch))
         gather = _gather_kernel(q.dtype, device), ragged
         return None, pageless, indexless, num_pages, 1, None, gather
-    if fp8 and decode_like(total_q, batch) and decode_program_enabled():
+    decodes = fp8 and decode_like(total_q, batch) and batch <= DECODE_MAX_BATCH
+    if decodes and decode_program_enabled():
         # The decode program writes fp32 shares (one at least) for its merge.
         shares = decode_shares(total_q, batch, num_kv_indices * page_size, _sm_count(device))
         kernel = _decode_kernel(q.dtype, device)

@@ -515,6 +515,14 @@ def recorded_launches(monkeypatch):
         return lambda *args: launches.append(((dtype, causal, page_size, fp8, split, pack), args))
 
     monkeypatch.setattr(entry, "_kernel", kernel)
+
+    def per_dtype(name):  # the decode program and its merge (the decode path), by q's dtype
+        return lambda dtype, device: lambda *args: launches.append(((name, dtype), args))
+
+    monkeypatch.setattr(entry, "_decode_kernel", per_dtype("decode"))
+    monkeypatch.setattr(entry, "_merge_decode_kernel", per_dtype("merge"))
+    monkeypatch.setattr(entry, "_workspace", lambda device, rows: (
+        torch.zeros(rows, NUM_HEADS, HEAD_DIM), torch.zeros(rows, NUM_HEADS)))  # fmt: skip
     # The plan's: nothing splits (fp8_args' batches are decode-like: packed, keys too short).
     monkeypatch.setattr(entry, "_sm_count", lambda device: 132)
     monkeypatch.setattr(entry, "_fp8_plans", contract.PlanCache())
@@ -524,13 +532,22 @@ def recorded_launches(monkeypatch):
 
 
 @needs_packed
+@pytest.mark.parametrize("decode", ["1", "0"])
 @pytest.mark.parametrize("sm_scale", [0.125, -0.3, 0.0])
-def test_fp8_entry_folds_the_scales(sm_scale, recorded_launches):
+def test_fp8_entry_folds_the_scales(sm_scale, decode, recorded_launches, monkeypatch):
+    """4 tokens over 2 sequences are decode-like: the decode program (gqa_prefill_decode), 1
+    share, then its merge into output and lse; under PREFILL_BUNDLE_TILELANG_DECODE=0 the
+    packed FP8 program (not the 16-bit one), 1 share. Both take the same arguments."""
+    monkeypatch.setenv("PREFILL_BUNDLE_TILELANG_DECODE", decode)
     args = fp8_args(sm_scale=sm_scale, k_scale=2.0, v_scale=-0.75)
     build_solution(SOLUTION)(*args.values())
-    (variant, launched), = recorded_launches  # fmt: skip
-    # The FP8 kernel, not the 16-bit one; 4 tokens over 2 sequences: packed, 1 share.
-    assert variant == (BF16, True, 64, True, False, True)
+    if decode == "1":
+        (variant, launched), (merge, merged) = recorded_launches  # fmt: skip
+        assert variant == ("decode", BF16) and merge == ("merge", BF16)
+        assert merged[2] is args["output"] and merged[3] is args["lse"]
+    else:
+        (variant, launched), = recorded_launches  # fmt: skip
+        assert variant == (BF16, True, 64, True, False, True)
     q, k_cache, *rest = launched
     scale, v_scale = rest[-5], rest[-4]  # ... num_pages, sm_scale, v_scale, output, lse, sched
     assert k_cache.dtype == FP8 and v_scale == -0.75

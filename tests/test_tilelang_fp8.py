@@ -559,6 +559,29 @@ def test_fp8_entry_folds_the_scales(sm_scale, decode, recorded_launches, monkeyp
         assert scale == 1.0 and not q.any()
 
 
+@needs_packed
+def test_fp8_decode_batch_past_the_grid_takes_the_packed_program(recorded_launches, monkeypatch):
+    """The decode program's grid has the batch as its third dimension (at most 65535 blocks):
+    a decode-like batch of 65536 one-token sequences (one shared page here) goes to the packed
+    FP8 program instead, whatever the switch."""
+    monkeypatch.setenv("PREFILL_BUNDLE_TILELANG_DECODE", "1")
+    batch = 65536
+    args = fp8_args(pages=1, batch=2)
+    args.update(
+        q=torch.zeros(batch, NUM_HEADS, HEAD_DIM, dtype=BF16),
+        qo_indptr=torch.arange(batch + 1, dtype=torch.int32),
+        kv_indptr=torch.arange(batch + 1, dtype=torch.int32),
+        kv_indices=torch.zeros(batch, dtype=torch.int32),
+        kv_last_page_len=torch.full((batch,), 5, dtype=torch.int32),
+        output=torch.zeros(batch, NUM_HEADS, HEAD_DIM, dtype=BF16),
+        lse=torch.zeros(batch, NUM_HEADS, dtype=F32),
+    )
+    build_solution(SOLUTION)(*args.values())
+    (variant, _), *_ = recorded_launches  # fmt: skip
+    dtype, causal, page_size, fp8, _, pack = variant
+    assert (dtype, causal, page_size, fp8, pack) == (BF16, True, 64, True, True)
+
+
 FP8_ERRORS = {
     "k_cache bfloat16": ("k_cache", dict(k_cache=torch.zeros(3, 64, 8, 128, dtype=BF16))),
     "v_cache float16": ("v_cache", dict(v_cache=torch.zeros(3, 64, 8, 128, dtype=F16))),

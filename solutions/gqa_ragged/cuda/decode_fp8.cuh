@@ -79,8 +79,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t x) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(x, __NV_E4M3);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
-__device__ __forceinline__ float decode_to_float(half x) { return __half2float(x); }
-__device__ __forceinline__ float decode_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // c += a b, float16 m16n8k16 (ptx_sm80.cuh's fragment layout: g = lane / 4, t = lane % 4; a[0],
 // a[2]: row g, a[1], a[3]: row g + 8; kRows16: whether rows 8-15 are live, else their zeros
@@ -183,8 +181,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 3) gqa_decode_fp8_kernel(const
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const T* pair = q_row + 16 * s + 8 * h + 2 * t;
-          x[s][2 * h] = live ? decode_to_float(pair[0]) : 0.f;
-          x[s][2 * h + 1] = live ? decode_to_float(pair[1]) : 0.f;
+          x[s][2 * h] = live ? to_float(pair[0]) : 0.f;
+          x[s][2 * h + 1] = live ? to_float(pair[1]) : 0.f;
           top = fmaxf(top, fmaxf(fabsf(x[s][2 * h]), fabsf(x[s][2 * h + 1])));
         }
       }

@@ -1,15 +1,17 @@
 // On the GPU: the CUDA solution's decode kernel (gqa_decode_fp8_kernel, decode_fp8.cuh) and its
-// merge (merge_shares_kernel) timed on single_token_rows_16's shape (16 single-token rows,
-// 4.6K-14.5K keys each, 2142 FP8 pages of 64 tokens x 8 KV heads x 128, the workload's lengths,
-// a shuffled page table), by share count (the host's plan, decode_shares, picks 13 on 132 SMs),
-// with and without the merge, for its 1-token groups (what the host launches here) and its
-// 4-token groups, every row checked against a float64 reference. cuda/TUNING.md, "Decode-like
-// rows, FP8: the decode kernel". Written first as a standalone copy of the kernel's design
-// (session 30), run on an H200 in session 31, then built into the solution; this harness now
-// includes the solution's headers, so there is one kernel.
+// merge (merge_shares_kernel) timed by share count (the host's plan, decode_shares, is marked),
+// with and without the merge, for its 1-token groups (what the host launches on single-token
+// rows) and its 4-token groups, every row checked against a float64 reference. The batch:
+// single_token_rows_16's shape by default (16 single-token rows, 4.6K-14.5K keys each, 2142 FP8
+// pages of 64 tokens x 8 KV heads x 128, the workload's lengths), or BATCH sequences of
+// MEAN_KEYS keys on average (uniform in [MEAN / 2, 3 MEAN / 2]); a shuffled page table.
+// cuda/TUNING.md, "Decode-like rows, FP8: the decode kernel". Written first as a standalone copy
+// of the kernel's design (session 30), run on an H200 in session 31, then built into the
+// solution; this harness includes the solution's headers, so there is one kernel.
 //
 //     nvcc -O3 -arch=sm_90a -std=c++17 -o decode_probe scripts/decode_probe.cu
-//     ./decode_probe            # a table: group tokens, shares, us with the merge, without, TB/s
+//     ./decode_probe [REPS [BATCH MEAN_KEYS]]   # a table: group tokens, shares, us with the
+//                                               # merge, without, TB/s, errors
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -50,9 +52,20 @@ static float uniform() {  // [-1, 1)
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? atoi(argv[1]) : 30;
-  const int batch = 16;
-  std::vector<int> indptr(batch + 1, 0), last(kLastOf, kLastOf + batch);
-  for (int b = 0; b < batch; ++b) indptr[b + 1] = indptr[b] + kPagesOf[b];
+  const int batch = argc > 3 ? atoi(argv[2]) : 16;
+  std::vector<int> pages_of(kPagesOf, kPagesOf + 16), last(kLastOf, kLastOf + 16);
+  if (argc > 3) {  // BATCH sequences of MEAN_KEYS keys on average
+    const int mean = atoi(argv[3]);
+    pages_of.resize(batch);
+    last.resize(batch);
+    for (int b = 0; b < batch; ++b) {
+      const int keys = std::max(1, int(mean * (1.f + 0.5f * uniform())));
+      pages_of[b] = (keys + kPage - 1) / kPage;
+      last[b] = keys - (pages_of[b] - 1) * kPage;
+    }
+  }
+  std::vector<int> indptr(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) indptr[b + 1] = indptr[b] + pages_of[b];
   const int used = indptr[batch], num_pages = used + 3;
   std::vector<int> ids(num_pages);
   for (int i = 0; i < num_pages; ++i) ids[i] = i;
@@ -79,7 +92,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> ref_out(q.size()), ref_lse(size_t(batch) * kHeads);
   for (int b = 0; b < batch; ++b) {
-    const int kv_len = (kPagesOf[b] - 1) * kPage + last[b];
+    const int kv_len = (pages_of[b] - 1) * kPage + last[b];
     std::vector<double> scores(kv_len);
     for (int h = 0; h < kHeads; ++h) {
       const __nv_bfloat16* qh = &q[(size_t(b) * kHeads + h) * kHeadDim];
@@ -120,8 +133,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_indptr, (batch + 1) * 4));
   CK(cudaMalloc(&d_ids, used * 4));
   CK(cudaMalloc(&d_last, batch * 4));
-  CK(cudaMalloc(&d_part_o, size_t(32) * q.size() * 2));
-  CK(cudaMalloc(&d_part_lse, size_t(32) * batch * kHeads * 4));
+  constexpr int kMost = gqa_prefill::kDecodeMaxShares;
+  CK(cudaMalloc(&d_part_o, size_t(kMost) * q.size() * 2));
+  CK(cudaMalloc(&d_part_lse, size_t(kMost) * batch * kHeads * 4));
   CK(cudaMalloc(&flush, flush_bytes));
   CK(cudaMemcpy(dk, k.data(), cache_bytes, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dv, v.data(), cache_bytes, cudaMemcpyHostToDevice));
@@ -167,17 +181,24 @@ int main(int argc, char** argv) {
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  printf("the host's plan here: %d shares\n", gqa_prefill::decode_shares(batch, int64_t(used) * kPage, sms));
+  const int plan = gqa_prefill::decode_shares(batch, int64_t(used) * kPage, sms);
+  printf("batch %d, %d pages; the host's plan here: %d shares\n", batch, used, plan);
 
   const int rows = batch * kHeads;
   double kv_bytes = 0;
-  for (int b = 0; b < batch; ++b) kv_bytes += 2.0 * ((kPagesOf[b] - 1) * kPage + last[b]) * kTokenBytes;
+  for (int b = 0; b < batch; ++b) kv_bytes += 2.0 * ((pages_of[b] - 1) * kPage + last[b]) * kTokenBytes;
   cudaEvent_t start, stop;
   CK(cudaEventCreate(&start));
   CK(cudaEventCreate(&stop));
   printf("tokens  shares  us (with merge)  us (decode only)  TB/s  normwise out error  max |lse - ref|\n");
+  std::vector<int> counts;
+  for (int shares : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64}) {
+    if (shares <= kMost) counts.push_back(shares);
+  }
+  if (std::find(counts.begin(), counts.end(), plan) == counts.end()) counts.push_back(plan);
+  std::sort(counts.begin(), counts.end());
   for (auto* kernel : {one, four}) {
-    for (int shares : {4, 8, 12, 13, 16}) {  // the merge takes up to kMaxKvShares
+    for (int shares : counts) {
       const gqa_prefill::DecodeParams d{params, pages, d_part_o, d_part_lse, shares};
       float times[2] = {0.f, 0.f};
       for (int merged = 0; merged < 2; ++merged) {
@@ -214,7 +235,8 @@ int main(int argc, char** argv) {
         const double e = fabs(double(lse[i]) - ref_lse[i]);
         lse_err = e == e ? std::max(lse_err, e) : INFINITY;
       }
-      printf("%6d  %6d  %15.1f  %16.1f  %4.2f  %14.2e  %14.2e%s\n", kernel == one ? 1 : 4, shares,
+      printf("%6d  %5d%s  %15.1f  %16.1f  %4.2f  %14.2e  %14.2e%s\n", kernel == one ? 1 : 4, shares,
+             shares == plan ? "*" : " ",
              times[1], times[0], kv_bytes / (times[1] * 1e-6) / 1e12, out_err, lse_err,
              out_err < 1e-2 && lse_err < 1e-3 ? "" : "  WRONG");
       CK(cudaMemset(d_out, 0xFF, out.size() * 2));  // poisoned (NaN) for the next row's check

@@ -1,6 +1,7 @@
 """The analysis scripts that need no GPU: issue_bars.py (which workloads each issue's bar
 covers, and the ratios it judges, read from the committed traces the way report.md's are) and
-item_balance.py (how the Gluon kernels' item orders load the CTAs)."""
+item_balance.py (how the Gluon kernels' item orders load the CTAs), and the CPU-side pieces of
+the GPU scripts."""
 
 import torch
 from flashinfer_bench import TraceSet
@@ -183,3 +184,20 @@ def test_decode_ceiling_probes_compute_what_they_say():
             probe.lean_call(inputs, shares, 64, conversion, outputs)
             assert normwise_error(outputs[0], expected[0]) < 1e-2
             torch.testing.assert_close(outputs[1], expected[1], rtol=0, atol=1e-3)
+
+
+def test_decode_sweep_builds_decode_like_fp8_batches(monkeypatch):
+    """decode_sweep.py's grid: FP8 page-64 batches of at most 4 query tokens a sequence (the
+    decode paths' batches), ragged context lengths in [mean / 2, 3 mean / 2], larger batches
+    than --max-keys left out."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))  # it imports compare_gpu
+    sweep = load_script("decode_sweep")
+    labelled = sweep.sweep_cases([1, 4, 64], [1024, 16384], [1, 4], max_keys=1 << 18)
+    assert [label for label, _ in labelled] == [
+        (b, m, t) for b in (1, 4, 64) for m in (1024, 16384) for t in (1, 4) if b * m <= 1 << 18
+    ]
+    for (batch, mean, tokens), case in labelled:
+        assert case.definition == PAGED_FP8 and case.page_size == 64
+        assert case.q_lens == (tokens,) * batch
+        assert all(mean // 2 <= keys <= mean * 3 // 2 for keys in case.kv_lens)
+        assert batch == 1 or len(set(case.kv_lens)) > 1  # ragged, as a server's batches are

@@ -97,6 +97,16 @@ def error(args, inputs, name, baseline) -> float:
     return normwise_error(output, expected)
 
 
+def call_args(runnables, case, inputs) -> dict:
+    """Each runnable's call arguments: the inputs, then poisoned outputs for a
+    destination-passing one (an unwritten element shows)."""
+    args = {}
+    for name, fn in runnables.items():
+        dps = fn.metadata.destination_passing_style
+        args[name] = inputs + (poisoned_outputs(case, inputs) if dps else [])
+    return args
+
+
 def compare(names, baseline, cases, old=()):
     runnables = {name: build_solution(name) for name in [baseline, *names]}
     for solution in old:
@@ -107,10 +117,7 @@ def compare(names, baseline, cases, old=()):
     rows = []
     for case in cases:
         inputs = make_inputs(case, "cuda", seed=0)
-        args = {}
-        for name, fn in runnables.items():
-            dps = fn.metadata.destination_passing_style
-            args[name] = inputs + (poisoned_outputs(case, inputs) if dps else [])
+        args = call_args(runnables, case, inputs)
         best = {name: float("inf") for name in names}
         kernel = dict(best)
         for _ in range(2):

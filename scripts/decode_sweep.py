@@ -19,9 +19,9 @@ import os
 
 import torch
 import triton.testing
-from compare_gpu import error
+from compare_gpu import call_args, error
 
-from prefill_bundle.testing import PagedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import PagedCase, build_solution, make_inputs
 from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE
 
 SOLUTIONS = ("cuda_fp8kv", "tilelang_fp8kv", "triton_fp8kv")
@@ -49,7 +49,7 @@ def kernel_times(runnables, case) -> tuple:
     """Each runnable's best do_bench time (ms) over two interleaved rounds, and its output's
     normwise distance to the first's (the baseline's)."""
     inputs = make_inputs(case, "cuda", seed=0)
-    args = {name: inputs + poisoned_outputs(case, inputs) for name in runnables}
+    args = call_args(runnables, case, inputs)
     best = {name: float("inf") for name in runnables}
     for _ in range(2):
         for name, fn in runnables.items():

@@ -103,9 +103,60 @@ CUtensorMap page_tensor_map(const void* data, bool bf16, int64_t num_pages, int6
   return map;
 }
 
+// ---- Memory a call takes while its stream is captured into a CUDA graph. cudaMalloc (and the
+// sync before a kept buffer grows) is not allowed then, and a kept buffer would tie the graph to
+// memory a later eager call may free. So a captured call takes graph-owned memory
+// (cudaMallocAsync on the capturing stream: an allocation node) and frees it on that stream once
+// its kernels are enqueued (GraphScratchScope, in every entry point): each replay allocates,
+// uses and frees it as the captured call did, values read at replay time.
+
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+thread_local std::vector<std::pair<void*, cudaStream_t>> graph_scratch;
+
+struct GraphScratchScope {
+  GraphScratchScope() = default;
+  GraphScratchScope(const GraphScratchScope&) = delete;
+  GraphScratchScope& operator=(const GraphScratchScope&) = delete;
+  ~GraphScratchScope() {
+    for (const auto& [ptr, stream] : graph_scratch) cudaFreeAsync(ptr, stream);
+    graph_scratch.clear();
+  }
+};
+
+void* graph_scratch_alloc(cudaStream_t stream, size_t bytes, const char* what) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMallocAsync(&ptr, std::max<size_t>(bytes, 1), stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    TVM_FFI_THROW(RuntimeError) << what << ": no graph memory of " << bytes
+                                << " bytes while the stream is captured ("
+                                << cudaGetErrorString(err) << ")";
+  }
+  graph_scratch.emplace_back(ptr, stream);
+  return ptr;
+}
+
 // The persistent kernel's work counter (int32[2], zero between launches: the kernel's last
-// CTA resets it), one per device and stream, so that concurrent streams never share one.
+// CTA resets it), one per device and stream, so that concurrent streams never share one. A
+// captured call gets its own, zeroed by a captured memset on every replay.
 int* scheduler_counter(int device, cudaStream_t stream) {
+  if (stream_capturing(stream)) {
+    void* counter = graph_scratch_alloc(stream, 2 * sizeof(int), "gqa_prefill_wgmma_kernel");
+    const cudaError_t err = cudaMemsetAsync(counter, 0, 2 * sizeof(int), stream);
+    if (err != cudaSuccess) {
+      TVM_FFI_THROW(RuntimeError) << "gqa_prefill_wgmma_kernel: no scheduler counter ("
+                                  << cudaGetErrorString(err) << ")";
+    }
+    return static_cast<int*>(counter);
+  }
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, int*> counters;
   std::lock_guard<std::mutex> lock(mutex);
@@ -124,8 +175,12 @@ int* scheduler_counter(int device, cudaStream_t stream) {
 
 // Split-KV's partial results (merge_shares_kernel reads them), or page size 1's gathered K/V
 // (launch_gathered): one buffer per device and stream like the scheduler counter (a call uses
-// it for one of the two), grown on demand (cudaMalloc synchronizes: once a growth) and kept.
+// it for one of the two), grown on demand (cudaMalloc synchronizes: once a growth) and kept; a
+// captured call's is the graph's (graph_scratch_alloc).
 void* share_workspace(int device, cudaStream_t stream, size_t bytes) {
+  if (stream_capturing(stream)) {
+    return graph_scratch_alloc(stream, bytes, "gqa_prefill_paged_wgmma_kernel: workspace");
+  }
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> buffers;
   std::lock_guard<std::mutex> lock(mutex);

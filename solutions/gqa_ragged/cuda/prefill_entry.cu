@@ -36,6 +36,7 @@
 
 void run_padded(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView causal_arg,
                 AnyView out_arg) {
+  const GraphScratchScope graph_scratch_scope;  // a captured call's memory: freed last
   const Arg q("q", q_arg), k("k", k_arg), v("v", v_arg), out("out", out_arg);
   check_padded_shapes(q, k, v, out);
   const bool causal = check_causal(causal_arg);
@@ -74,6 +75,7 @@ void run_padded(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView causal_arg,
 void run_ragged_batch(const Arg& q, const Arg& k, const Arg& v, const Arg& qo_indptr,
                       const Arg& kv_indptr, const AnyView* window_left_arg,
                       const AnyView& sm_scale_arg, const Arg& output, const Arg& lse) {
+  const GraphScratchScope graph_scratch_scope;  // a captured call's memory: freed last
   check_ragged_shapes(q, k, v, qo_indptr, kv_indptr, output, lse);
   const int64_t window_left = window_left_arg ? check_window_left(*window_left_arg) : -1;
   const double sm_scale = check_sm_scale(sm_scale_arg);
@@ -140,6 +142,7 @@ void run_paged(const Arg& q, const Arg& k_cache, const Arg& v_cache, const Arg& 
                const Arg& kv_indptr, const Arg& kv_indices, const Arg* kv_last_page_len,
                const AnyView& sm_scale_arg, const Arg& output, const Arg& lse,
                const AnyView* kv_scales = nullptr) {
+  const GraphScratchScope graph_scratch_scope;  // a captured call's memory: freed last
   constexpr DLDataType kFp8Dtype{kDLFloat8_e4m3fn, 8, 1};
   check_paged_shapes(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                      output, lse, kPageSize, kFp8 ? &kFp8Dtype : nullptr);

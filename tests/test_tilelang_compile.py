@@ -210,23 +210,6 @@ def test_compiles_without_register_spills(dtype, causal):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
-def test_pair_max_halves_the_row_max_chain():
-    """The knob pair_max (off: built 2026-11-30 (32), not yet measured; TUNING.md, "The row
-    maximum as pairs"): the causal program's row maximum folds a thread's two adjacent columns
-    first, then reduces over 16 pairs a row where the shipped program reduces over 32 columns;
-    no spills."""
-    kernels = tilelang_kernels()
-    config = {**kernels.block_config("bfloat16", True), "pair_max": True}
-    kernel, ptxas = compile_fresh(kernels, "bfloat16", True, **config)
-    source = kernel.get_kernel_source()
-    shipped = compiled("bfloat16", True)[0]
-    max_chain = re.compile(r"for \(int rv\w* = 0; rv\w* < (\d+); \+\+rv\w*\) \{\s*scores_max_clear")
-    assert set(max_chain.findall(shipped)) == {"32"}
-    assert set(max_chain.findall(source)) == {"16"}
-    assert re.search(r"pairs\w*\[\w+\] = max\(pairs", source)
-    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
-
-
 # The programs for launches of long sequences (long_keys: the entry picks them when the keys
 # average LONG_KEYS_MIN a sequence): the same two, their items drawn in L2 sections always.
 # Spill bytes allowed: the causal one's draw spills one 8-byte slot of the loader warp's 24
@@ -439,8 +422,6 @@ CPU_CONFIGS = {
     "solution_tiles": None,
     "tiles16x32": dict(block_M=16, block_N=32, num_stages=2),
     "tiles32x16": dict(block_M=32, block_N=16, num_stages=2),
-    # The knob pair_max (the row maximum over column pairs first), off in the solution.
-    "tiles16x32_pair_max": dict(block_M=16, block_N=32, num_stages=2, pair_max=True),
 }
 
 

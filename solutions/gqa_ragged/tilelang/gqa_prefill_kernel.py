@@ -132,7 +132,6 @@ def gqa_prefill(
     fp8_f16_pv: bool = False,
     output_in_q: bool = False,
     long_keys: bool = False,
-    pair_max: bool = False,
 ):
     """Build the T.prim_func of one variant.
 
@@ -188,12 +187,10 @@ def gqa_prefill(
     output_in_q (persistent ws): the output is staged in Q's buffer instead of one of its own
     (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue;
     a block-per-item program stages it there anyway.
-    pair_max (a knob, off): the softmax's row maximum over column pairs first
-    (gqa_prefill_steps.build_steps).
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
-        fp8_split_q, fp8_f16_pv, long_keys, pair_max,
+        fp8_split_q, fp8_f16_pv, long_keys,
     )  # fmt: skip
     assert ws or cache_dtype is None, "FP8 caches: the warp-specialized program"
     if ws:

@@ -74,7 +74,6 @@ def build_steps(
     fp8_split_q: bool = False,
     fp8_f16_pv: bool = False,
     long_keys: bool = False,
-    pair_max: bool = False,
 ) -> SimpleNamespace:
     """The symbolic lengths, strides and constants of one variant and the steps (T.macro and
     plain helpers) its programs are written in, for K/V in a ragged batch (page_size None) or
@@ -109,11 +108,6 @@ def build_steps(
     together. The slots count tokens in blocks of block_M // 4 (tokens, below), HEAD holds the
     KV head, the masks take row i's position q_pos0 + i // 4, and the epilogue stores from
     registers (Q is gathered: GatherQ).
-
-    pair_max (a knob, off: built, not yet measured; tilelang/TUNING.md, "The row maximum as
-    pairs"): the softmax takes each row's maximum as CUDA's softmax_tile does, a thread's two
-    adjacent columns first (independent), then a chain over the pairs: 16 dependent FMNMX a row
-    and tile instead of T.reduce_max's 32, the same instruction count.
     """
     assert not window or (causal and page_size is None), "a window is causal, over ragged K/V"
     assert not split or (causal and page_size is not None), "split-KV: causal, paged K/V"
@@ -507,17 +501,7 @@ def build_steps(
         a scalar, or a fragment of one per row: row_scale)."""
         T.copy(scores_max, scores_max_prev)
         T.fill(scores_max, neg_inf)
-        if pair_max:
-            # Columns 2j and 2j + 1 lie in one thread (the accumulators' layout): their max
-            # needs no other, and the reduction's chain halves.
-            pairs = T.alloc_fragment([block_M, block_N // 2], accum_dtype)
-            for i, j in T.Parallel(block_M, block_N // 2):
-                pairs[i, j] = acc_s[i, 2 * j]
-            for i, j in T.Parallel(block_M, block_N // 2):
-                pairs[i, j] = T.max(pairs[i, j], acc_s[i, 2 * j + 1])
-            T.reduce_max(pairs, scores_max, dim=1, clear=False)
-        else:
-            T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+        T.reduce_max(acc_s, scores_max, dim=1, clear=False)
         for i in T.Parallel(block_M):
             scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
             # A row with no visible key so far has max -inf: subtract 0 instead, so that

@@ -7,10 +7,17 @@ plan() and adds a page_size, so no call matches FlashInfer-Trace's paged definit
 as full. This adapter keeps the stock one's plan/run bookkeeping and calls apply with each
 definition's own arguments. It patches the same two methods; installed first, it wins
 (flashinfer-bench's patch manager skips a method already patched).
+
+CUDA graphs stay FlashInfer's: a wrapper made with use_cuda_graph=True, or any run() while the
+stream is being captured, runs FlashInfer's own kernel. FlashInfer's graph mode copies each
+plan()'s page table into the wrapper's fixed buffers, which its captured kernel reads at every
+replay; a bundle call captured here would keep reading the tensors of the plan() before the
+capture, and give a replay after the next plan() the old page table: wrong results, silently.
 """
 
 from __future__ import annotations
 
+import torch
 from flashinfer_bench.apply import apply
 from flashinfer_bench.integration.flashinfer.adapters.gqa_paged_prefill import (
     GQAPagedPrefillAdapter,
@@ -30,6 +37,11 @@ def paged_definition_name(q, k_cache, page_size: int) -> str:
     return (
         f"gqa_paged_prefill_causal_h{q.shape[1]}_kv{k_cache.shape[2]}_d{q.shape[2]}_ps{page_size}"
     )
+
+
+def capturing(q) -> bool:
+    """Whether q's device's current stream is being captured into a CUDA graph."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class PagedPrefillAdapter(GQAPagedPrefillAdapter):
@@ -59,6 +71,8 @@ class PagedPrefillAdapter(GQAPagedPrefillAdapter):
             page_size = ctx.get("page_size") if ctx else None
             if not ctx or not ctx.get("causal") or page_size not in SERVED_PAGE_SIZES:
                 return orig(inst, *args, **kwargs)
+            if getattr(inst, "_use_cuda_graph", False) or capturing(q):
+                return orig(inst, *args, **kwargs)  # the module's docstring says why
             if q.dim() != 3 or q.shape[1] != ctx["num_qo_heads"] or q.shape[2] != ctx["head_dim"]:
                 return orig(inst, *args, **kwargs)
             layout = ctx.get("kv_layout") or infer_paged_kv_layout_from_tensors(

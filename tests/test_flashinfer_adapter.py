@@ -45,7 +45,7 @@ def patched(monkeypatch):
     return plan, run, recorder, applied
 
 
-def plan_and_run(monkeypatch, page_size, causal=True, return_lse=True):
+def plan_and_run(monkeypatch, page_size, causal=True, return_lse=True, cuda_graph=False):
     case = PagedCase((3, 5), (70, 5), page_size)
     inputs = make_inputs(case, "cpu")
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
@@ -53,6 +53,7 @@ def plan_and_run(monkeypatch, page_size, causal=True, return_lse=True):
     plan, run, recorder, applied = patched(monkeypatch)
     wrapper = object.__new__(BatchPrefillWithPagedKVCacheWrapper)
     wrapper._kv_layout = "NHD"
+    wrapper._use_cuda_graph = cuda_graph
     plan(wrapper, qo_indptr, kv_indptr, kv_indices, last, 32, 8, 128, page_size, causal=causal,
          sm_scale=0.1)  # fmt: skip
     result = run(wrapper, q, (k_cache, v_cache), return_lse=return_lse)
@@ -73,6 +74,13 @@ def test_apply_gets_the_definitions_own_arguments(monkeypatch, page_size, name):
     assert kwargs["sm_scale"] == 0.1
     output, lse = result
     assert torch.all(output == 7.0) and lse.shape == (8, 32)
+
+
+def test_cuda_graph_mode_stays_flashinfers(monkeypatch):
+    """A use_cuda_graph=True wrapper refills its fixed buffers at each plan() and its captured
+    kernel reads them at each replay; a bundle call would keep the tensors of one plan()."""
+    result, recorder, applied, _ = plan_and_run(monkeypatch, 64, cuda_graph=True)
+    assert recorder.calls == ["plan", "run"] and applied == [] and result == "orig"
 
 
 def test_without_return_lse_run_returns_the_output_only(monkeypatch):
@@ -122,3 +130,63 @@ def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_
     check_outputs(own, expected, names=("output", "lse"))
     assert not torch.equal(served[0], own[0])  # someone else answered
     assert runtime is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_flashinfer_cuda_graph_mode_replays_the_next_plan_with_apply_enabled(page_size):
+    """FlashInfer's use_cuda_graph wrapper, apply enabled: run() captured after one plan(), then
+    the next batch planned (its sequences reversed: the same sizes, another page table) and the
+    graph replayed. The replay must answer the second batch (FlashInfer's own kernel does:
+    flashinfer_adapter's docstring)."""
+    from flashinfer_bench.apply import disable_apply
+
+    from prefill_bundle.serving import enable_bundle_apply
+
+    first = PagedCase((300, 17, 1), (2000, 17, 700), page_size)
+    second = PagedCase(first.q_lens[::-1], first.kv_lens[::-1], page_size)
+    batches = [make_inputs(case, "cuda", seed=seed) for seed, case in ((3, first), (4, second))]
+    for inputs in batches:  # FlashInfer reads the unused cache slots
+        inputs[1:3] = [cache.nan_to_num() for cache in inputs[1:3]]
+    q, k_cache, v_cache = (x.clone() for x in batches[0][:3])  # the captured tensors
+
+    def table(inputs):
+        last = inputs[6] if page_size > 1 else torch.ones(3, dtype=torch.int32, device="cuda")
+        return (*inputs[3:6], last)
+
+    buffers = [torch.empty_like(x) for x in table(batches[0])]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = BatchPrefillWithPagedKVCacheWrapper(
+        workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=buffers[0],
+        paged_kv_indptr_buf=buffers[1], paged_kv_indices_buf=buffers[2],
+        paged_kv_last_page_len_buf=buffers[3], backend="fa3",
+    )  # fmt: skip
+
+    def plan(inputs):
+        wrapper.plan(
+            *table(inputs), 32, 8, 128, page_size, causal=True, sm_scale=1 / math.sqrt(128),
+            q_data_type=q.dtype, kv_data_type=q.dtype,
+        )  # fmt: skip
+
+    enable_bundle_apply()
+    try:
+        plan(batches[0])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            wrapper.run(q, (k_cache, v_cache), return_lse=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = list(wrapper.run(q, (k_cache, v_cache), return_lse=True))
+        plan(batches[1])
+        for into, value in zip((q, k_cache, v_cache), batches[1][:3]):
+            into.copy_(value)
+        for out in captured:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        disable_apply()
+    check_outputs(captured, reference_outputs(second, batches[1]), names=("output", "lse"))

@@ -1,42 +1,104 @@
-"""The bundle's drop-in for FlashInfer's BatchPrefillWithPagedKVCacheWrapper under apply.
+"""The bundle's drop-ins for FlashInfer's prefill wrappers under apply: plan() is recorded (and
+still run, for the fallback), run() calls apply with a definition's own arguments when the
+planned attention is one a definition computes, else FlashInfer's own run().
 
-flashinfer-bench 0.1.2's own adapter for that wrapper calls apply with (q, k_cache, v_cache,
-qo_indptr, kv_indptr, kv_indices, sm_scale, page_size): it drops the kv_last_page_len given to
-plan() and adds a page_size, so no call matches FlashInfer-Trace's paged definitions (page size
-64 takes kv_last_page_len; neither takes page_size) and partly filled last pages would be read
-as full. This adapter keeps the stock one's plan/run bookkeeping and calls apply with each
-definition's own arguments. It patches the same two methods; installed first, it wins
-(flashinfer-bench's patch manager skips a method already patched).
+flashinfer-bench 0.1.2 has adapters for both wrappers. Two things make the bundle install its
+own (first: flashinfer-bench's patch manager then skips the methods already patched):
+- Its paged adapter calls apply with (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+  sm_scale, page_size). It drops the kv_last_page_len given to plan() and adds a page_size, so
+  no call matches FlashInfer-Trace's paged definitions (page size 64 takes kv_last_page_len;
+  neither takes page_size), and partly filled last pages would be read as full.
+- Both adapters read only the shapes, causal and sm_scale from plan(). A plan with a sliding
+  window, a logits soft cap, a custom mask, RoPE applied in the kernel, attention sinks or
+  k/v scales at run() would be served a plain causal kernel: wrong results, silently.
 
-CUDA graphs stay FlashInfer's: a wrapper made with use_cuda_graph=True, or any run() while the
-stream is being captured, runs FlashInfer's own kernel. FlashInfer's graph mode copies each
-plan()'s page table into the wrapper's fixed buffers, which its captured kernel reads at every
-replay; a bundle call captured here would keep reading the tensors of the plan() before the
-capture, and give a replay after the next plan() the old page table: wrong results, silently.
+Served here:
+- BatchPrefillWithPagedKVCacheWrapper, causal, page size 1 or 64: the paged definitions, and
+  the FP8 one (page size 64, float8_e4m3fn caches, run()'s k_scale and v_scale as its scales);
+- BatchPrefillWithRaggedKVCacheWrapper, causal: the ragged definition, or the sliding-window
+  one when plan()'s window_left >= 0.
+Anything else (`unserved_plan`, `unserved_run`) runs FlashInfer's own kernel.
+
+CUDA graphs stay FlashInfer's too: a wrapper made with use_cuda_graph=True, or any run() while
+the stream is being captured. FlashInfer's graph mode copies each plan()'s indptr and page
+table into the wrapper's fixed buffers, which its captured kernel reads at every replay; a
+bundle call captured here would keep reading the tensors of the plan() before the capture.
 """
 
 from __future__ import annotations
 
 import torch
 from flashinfer_bench.apply import apply
-from flashinfer_bench.integration.flashinfer.adapters.gqa_paged_prefill import (
-    GQAPagedPrefillAdapter,
-)
 from flashinfer_bench.integration.flashinfer.common import (
+    infer_kv_layout_from_args,
     infer_paged_kv_layout_from_tensors,
+    infer_ragged_kv_layout_from_tensors,
     normalize_paged_kv_to_nhd,
+    normalize_ragged_kv_to_nhd,
+    pick_sm_scale_gqa,
     write_back_outputs,
 )
-from flashinfer_bench.integration.patch_manager import get_manager
-from flashinfer_bench.integration.utils import ArgBinder
+from flashinfer_bench.integration.patch_manager import PatchSpec, get_manager
+from flashinfer_bench.integration.utils import ArgBinder, ContextStore
 
 SERVED_PAGE_SIZES = (1, 64)  # FlashInfer-Trace's paged prefill definitions
+FP8_PAGE_SIZE = 64  # the FP8 definition's
+
+# plan() arguments that change what FlashInfer computes, with the values under which it
+# computes what the definitions do (None: the argument's absence). head_dim_vo may also equal
+# head_dim_qk, logits_soft_cap be 0 (FlashInfer's "no cap").
+PLAN_AS_DEFINED = {
+    "custom_mask": None,
+    "packed_custom_mask": None,
+    "pos_encoding_mode": "NONE",
+    "logits_soft_cap": None,
+    "head_dim_vo": None,
+    "prefix_len_ptr": None,  # prefix-shared ("POD") item masks
+    "token_pos_in_items_ptr": None,
+    "max_item_len_ptr": None,
+    "v_indptr": None,  # ragged: V or O rows laid out apart from K's and Q's
+    "o_indptr": None,
+}
+# run() keyword arguments likewise (k_scale and v_scale: only an FP8 cache's scales).
+RUN_AS_DEFINED = {"sinks": None, "skip_softmax_threshold_scale_factor": None, "args": ()}
 
 
 def paged_definition_name(q, k_cache, page_size: int) -> str:
+    fp8 = "_fp8kv" if k_cache.dtype == torch.float8_e4m3fn else ""
     return (
-        f"gqa_paged_prefill_causal_h{q.shape[1]}_kv{k_cache.shape[2]}_d{q.shape[2]}_ps{page_size}"
+        f"gqa_paged_prefill_causal{fp8}_h{q.shape[1]}_kv{k_cache.shape[2]}_d{q.shape[2]}"
+        f"_ps{page_size}"
     )
+
+
+def ragged_definition_name(q, k, window_left: int) -> str:
+    swa = "_swa" if window_left >= 0 else ""
+    return f"gqa_ragged_prefill_causal{swa}_h{q.shape[1]}_kv{k.shape[1]}_d{q.shape[2]}"
+
+
+def unserved_plan(plan: dict):
+    """Why no definition computes what plan() asked for (the first reason), or None."""
+    if not plan.get("causal"):
+        return "not causal"
+    for name, value in PLAN_AS_DEFINED.items():
+        given = plan.get(name)
+        if given is value or given == value:
+            continue
+        if name == "logits_soft_cap" and given == 0:
+            continue
+        if name == "head_dim_vo" and given == plan.get("head_dim_qk"):
+            continue
+        return f"{name}={given!r}"
+    return None
+
+
+def unserved_run(bound: dict):
+    """Why no definition computes what run() asked for, or None."""
+    for name, value in RUN_AS_DEFINED.items():
+        given = bound.get(name)
+        if not (given is value or (name == "args" and len(given or ()) == 0)):
+            return f"{name}={given!r}"
+    return None
 
 
 def capturing(q) -> bool:
@@ -44,75 +106,133 @@ def capturing(q) -> bool:
     return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-class PagedPrefillAdapter(GQAPagedPrefillAdapter):
-    def make_wrapper(self, spec, orig):
-        if spec.name == "gqa_paged_prefill_plan":
-            stock_plan = super().make_wrapper(spec, orig)
-            binder = ArgBinder.from_callable(orig)
+def heads_match(q, plan: dict) -> bool:
+    return q.dim() == 3 and q.shape[1] == plan["num_qo_heads"] and q.shape[2] == plan["head_dim_qk"]
+
+
+class BundleAdapter:
+    """plan() recorded per wrapper instance (every argument, defaults applied); run() served by
+    `serve` (a subclass's: apply's result, or None for FlashInfer's own run)."""
+
+    wrapper = ""  # the FlashInfer class under flashinfer.prefill
+    key = ""  # the patch specs' ctx_key
+
+    def __init__(self) -> None:
+        self._plans = ContextStore()
+
+    def targets(self) -> list:
+        path = f"flashinfer.prefill.{self.wrapper}"
+        return [
+            PatchSpec(path=f"{path}.{method}", kind="method", name=f"{self.key}_{method}",
+                      ctx_key=self.key)  # fmt: skip
+            for method in ("plan", "run")
+        ]
+
+    def make_wrapper(self, spec: PatchSpec, orig):
+        binder = ArgBinder.from_callable(orig)
+        if spec.name.endswith("_plan"):
 
             def plan_wrapper(inst, *args, **kwargs):
-                bound = binder.bind((inst, *args), kwargs)
-                result = stock_plan(inst, *args, **kwargs)  # records the rest, plans
-                self._store.get(inst)["kv_last_page_len"] = bound["paged_kv_last_page_len"]
-                return result
+                plan = self._plans.get(inst)
+                plan.clear()
+                plan.update(binder.bind((inst, *args), kwargs))
+                plan["kv_layout"] = infer_kv_layout_from_args(inst)
+                return orig(inst, *args, **kwargs)  # the fallback needs FlashInfer's plan too
 
             return plan_wrapper
-        if spec.name == "gqa_paged_prefill_run":
-            return self._run_wrapper(orig)
-        return orig
-
-    def _run_wrapper(self, orig):
-        binder = ArgBinder.from_callable(orig)
 
         def run_wrapper(inst, *args, **kwargs):
-            ctx = self._store.get(inst)
+            plan = self._plans.get(inst)
             bound = binder.bind((inst, *args), kwargs)
-            q, cache = bound["q"], bound["paged_kv_cache"]
-            page_size = ctx.get("page_size") if ctx else None
-            if not ctx or not ctx.get("causal") or page_size not in SERVED_PAGE_SIZES:
+            served = None
+            if (
+                plan
+                and unserved_plan(plan) is None
+                and unserved_run(bound) is None
+                and heads_match(bound["q"], plan)
+                and not getattr(inst, "_use_cuda_graph", False)
+                and not capturing(bound["q"])
+            ):
+                served = self.serve(plan, bound, lambda **_: orig(inst, *args, **kwargs))
+            if served is None:
                 return orig(inst, *args, **kwargs)
-            if getattr(inst, "_use_cuda_graph", False) or capturing(q):
-                return orig(inst, *args, **kwargs)  # the module's docstring says why
-            if q.dim() != 3 or q.shape[1] != ctx["num_qo_heads"] or q.shape[2] != ctx["head_dim"]:
-                return orig(inst, *args, **kwargs)
-            layout = ctx.get("kv_layout") or infer_paged_kv_layout_from_tensors(
-                cache, ctx["num_kv_heads"]
-            )
-            if not layout:
-                return orig(inst, *args, **kwargs)
-            k_cache, v_cache = normalize_paged_kv_to_nhd(cache, layout)
-            arguments = {
-                "q": q,
-                "k_cache": k_cache,
-                "v_cache": v_cache,
-                "qo_indptr": ctx["qo_indptr"],
-                "kv_indptr": ctx["kv_indptr"],
-                "kv_indices": ctx["kv_indices"],
-            }
-            if page_size > 1:  # the page size 1 definition has no kv_last_page_len
-                arguments["kv_last_page_len"] = ctx["kv_last_page_len"]
-            arguments["sm_scale"] = ctx["sm_scale"]
-
-            def fallback(**_):
-                return orig(inst, *args, **kwargs)
-
-            name = paged_definition_name(q, k_cache, page_size)
-            result = apply(name, kwargs=arguments, fallback=fallback)
-            output, lse = result if isinstance(result, tuple) else (result, None)
+            output, lse = served if isinstance(served, tuple) else (served, None)
             return write_back_outputs(
-                output=output,
-                lse=lse,
-                want_lse=bool(bound.get("return_lse", False)),
-                out_buf=bound.get("out"),
-                lse_buf=bound.get("lse"),
-            )
+                output=output, lse=lse, want_lse=bool(bound.get("return_lse", False)),
+                out_buf=bound.get("out"), lse_buf=bound.get("lse"),
+            )  # fmt: skip
 
         return run_wrapper
 
+    def serve(self, plan: dict, bound: dict, fallback):
+        raise NotImplementedError
 
-def install_paged_prefill_adapter() -> None:
-    """Patch BatchPrefillWithPagedKVCacheWrapper.plan/run with PagedPrefillAdapter (once; a
-    no-op where FlashInfer is missing)."""
-    adapter = PagedPrefillAdapter()
-    for spec in adapter.targets():
-        get_manager().patch(spec, adapter.make_wrapper)
+
+class PagedPrefillAdapter(BundleAdapter):
+    wrapper, key = "BatchPrefillWithPagedKVCacheWrapper", "gqa_paged_prefill"
+
+    def serve(self, plan, bound, fallback):
+        page_size = plan["page_size"]
+        if page_size not in SERVED_PAGE_SIZES or plan["window_left"] != -1:
+            return None
+        if bound.get("window_left") not in (None, -1):
+            return None
+        q, cache = bound["q"], bound["paged_kv_cache"]
+        layout = plan["kv_layout"] or infer_paged_kv_layout_from_tensors(
+            cache, plan["num_kv_heads"]
+        )
+        if not layout:
+            return None
+        k_cache, v_cache = normalize_paged_kv_to_nhd(cache, layout)
+        scales = (bound.get("k_scale"), bound.get("v_scale"))
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        if fp8 and page_size != FP8_PAGE_SIZE:
+            return None
+        if any(not (scale is None or isinstance(scale, (int, float))) for scale in scales):
+            return None  # a tensor scale: reading it would sync the host
+        if not fp8 and any(scale not in (None, 1.0) for scale in scales):
+            return None
+        arguments = {
+            "q": q,
+            "k_cache": k_cache,
+            "v_cache": v_cache,
+            "qo_indptr": plan["qo_indptr"],
+            "kv_indptr": plan["paged_kv_indptr"],
+            "kv_indices": plan["paged_kv_indices"],
+        }
+        if page_size > 1:  # the page size 1 definition has no kv_last_page_len
+            arguments["kv_last_page_len"] = plan["paged_kv_last_page_len"]
+        if fp8:
+            arguments["k_scale"], arguments["v_scale"] = (
+                1.0 if scale is None else float(scale) for scale in scales
+            )
+        arguments["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
+        return apply(paged_definition_name(q, k_cache, page_size), kwargs=arguments,
+                     fallback=fallback)  # fmt: skip
+
+
+class RaggedPrefillAdapter(BundleAdapter):
+    wrapper, key = "BatchPrefillWithRaggedKVCacheWrapper", "gqa_ragged_prefill"
+
+    def serve(self, plan, bound, fallback):
+        q, k, v = bound["q"], bound["k"], bound["v"]
+        layout = plan["kv_layout"] or infer_ragged_kv_layout_from_tensors(k, plan["num_kv_heads"])
+        if not layout:
+            return None
+        k, v = normalize_ragged_kv_to_nhd(k, layout), normalize_ragged_kv_to_nhd(v, layout)
+        window_left = int(plan["window_left"])
+        arguments = {"q": q, "k": k, "v": v, "qo_indptr": plan["qo_indptr"],
+                     "kv_indptr": plan["kv_indptr"]}  # fmt: skip
+        if window_left >= 0:
+            arguments["window_left"] = window_left
+        arguments["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
+        return apply(ragged_definition_name(q, k, window_left), kwargs=arguments,
+                     fallback=fallback)  # fmt: skip
+
+
+def install_prefill_adapters() -> None:
+    """Patch both prefill wrappers' plan/run with the bundle's adapters (once; a no-op where
+    FlashInfer is missing)."""
+    for adapter in (PagedPrefillAdapter(), RaggedPrefillAdapter()):
+        for spec in adapter.targets():
+            get_manager().patch(spec, adapter.make_wrapper)

@@ -23,8 +23,10 @@ Three things stock apply lacks for this op:
 - flashinfer-bench's adapter for BatchPrefillWithPagedKVCacheWrapper calls apply with
   (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, page_size): no
   kv_last_page_len, which FlashInfer-Trace's page size 64 definition needs, and a page_size no
-  paged definition takes. The bundle installs its own adapter for that wrapper first
-  (flashinfer_adapter.py), which calls apply with each definition's own arguments.
+  paged definition takes. Its adapters for both prefill wrappers also ignore plan()'s
+  window_left, soft cap, custom mask and RoPE mode, and run()'s sinks and scales. The bundle
+  installs its own adapters for both wrappers first (flashinfer_adapter.py): each definition's
+  own arguments, and FlashInfer's own run() for what no definition computes.
 - A call the chosen solution cannot take (another dtype, a layout it does not address, an
   indptr that is not a tensor) raises from it, where the user's own function would have
   served it: BundleApplyRuntime sends such a call to the fallback instead, with a warning the
@@ -48,7 +50,7 @@ from flashinfer_bench.compile import BuilderRegistry
 from flashinfer_bench.utils import dtype_str_to_torch_dtype
 
 from . import OP_TYPE, PAGED_OP_TYPE, REPO_ROOT
-from .flashinfer_adapter import install_paged_prefill_adapter
+from .flashinfer_adapter import install_prefill_adapters
 from .packing import BASELINE_AUTHOR
 
 logger = logging.getLogger(__name__)
@@ -165,7 +167,7 @@ class BundleApplyRuntime(ApplyRuntime):
     read) goes through flashinfer-bench's dispatch."""
 
     def __init__(self, *args, **kwargs) -> None:
-        install_paged_prefill_adapter()  # before flashinfer-bench's, which would then skip
+        install_prefill_adapters()  # before flashinfer-bench's, which would then skip
         super().__init__(*args, **kwargs)
         self.refusals: dict = {}  # (definition, argument) -> first message, for the warning
         self.served: Counter = Counter()

@@ -1,38 +1,53 @@
-"""The bundle's drop-in for FlashInfer's BatchPrefillWithPagedKVCacheWrapper: apply gets each
-paged definition's own arguments (kv_last_page_len for page size 64, none for 1, no page_size).
-On CPU, around FlashInfer's real plan/run signatures; on the GPU, end to end against FlashInfer
-itself."""
+"""The bundle's drop-ins for FlashInfer's prefill wrappers: apply gets each definition's own
+arguments (paged: kv_last_page_len for page size 64, none for 1, no page_size; the FP8 and
+sliding-window definitions where the plan asks for them), and whatever no definition computes
+runs FlashInfer's own kernel. On CPU, around FlashInfer's real plan/run signatures; on the GPU,
+end to end against FlashInfer itself."""
 
 import functools
 import math
 
 import pytest
 import torch
-from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
+from flashinfer.prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+)
 
-from prefill_bundle import PAGED_PS1, PAGED_PS64
+from prefill_bundle import PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, SWA
 from prefill_bundle import flashinfer_adapter as adapter_module
-from prefill_bundle.flashinfer_adapter import PagedPrefillAdapter
-from prefill_bundle.testing import PagedCase, check_outputs, make_inputs, reference_outputs
+from prefill_bundle.flashinfer_adapter import PagedPrefillAdapter, RaggedPrefillAdapter
+from prefill_bundle.testing import (
+    PagedCase,
+    RaggedCase,
+    check_outputs,
+    make_inputs,
+    reference_outputs,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 # FlashInfer's own methods, taken before any test enables apply (which patches them).
-PLAN, RUN = BatchPrefillWithPagedKVCacheWrapper.plan, BatchPrefillWithPagedKVCacheWrapper.run
+METHODS = {
+    wrapper: (wrapper.plan, wrapper.run)
+    for wrapper in (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper)
+}
 
 
 class Recorder:
     """FlashInfer's plan and run, reduced to their signatures: they record that they ran."""
 
-    def __init__(self):
+    def __init__(self, wrapper=BatchPrefillWithPagedKVCacheWrapper):
+        plan, run = METHODS[wrapper]
         self.calls = []
-        self.plan = functools.wraps(PLAN)(lambda *a, **k: self.calls.append("plan"))
-        self.run = functools.wraps(RUN)(lambda *a, **k: self.calls.append("run") or "orig")
+        self.plan = functools.wraps(plan)(lambda *a, **k: self.calls.append("plan"))
+        self.run = functools.wraps(run)(lambda *a, **k: self.calls.append("run") or "orig")
 
 
-def patched(monkeypatch):
+def patched(monkeypatch, adapter_class=PagedPrefillAdapter):
     """(plan, run) wrapped by the adapter, the recorder, and the apply calls seen."""
-    adapter, recorder, applied = PagedPrefillAdapter(), Recorder(), []
-    specs = {spec.name: spec for spec in adapter.targets()}
+    wrapper = getattr(__import__("flashinfer.prefill").prefill, adapter_class.wrapper)
+    adapter, recorder, applied = adapter_class(), Recorder(wrapper), []
+    specs = {spec.name.rpartition("_")[2]: spec for spec in adapter.targets()}
 
     def fake_apply(name, kwargs, fallback):
         applied.append((name, kwargs))
@@ -40,24 +55,39 @@ def patched(monkeypatch):
         return torch.full_like(q, 7.0), torch.zeros(q.shape[:2])
 
     monkeypatch.setattr(adapter_module, "apply", fake_apply)
-    plan = adapter.make_wrapper(specs["gqa_paged_prefill_plan"], recorder.plan)
-    run = adapter.make_wrapper(specs["gqa_paged_prefill_run"], recorder.run)
+    plan = adapter.make_wrapper(specs["plan"], recorder.plan)
+    run = adapter.make_wrapper(specs["run"], recorder.run)
     return plan, run, recorder, applied
 
 
-def plan_and_run(monkeypatch, page_size, causal=True, return_lse=True, cuda_graph=False):
-    case = PagedCase((3, 5), (70, 5), page_size)
+def new_wrapper(cls, cuda_graph=False):
+    wrapper = object.__new__(cls)
+    wrapper._kv_layout = "NHD"
+    wrapper._use_cuda_graph = cuda_graph
+    return wrapper
+
+
+def plan_and_run(monkeypatch, page_size, causal=True, return_lse=True, cuda_graph=False,
+                 plan_kwargs=(), run_kwargs=(), fp8=False):  # fmt: skip
+    case = PagedCase((3, 5), (70, 5), page_size, fp8_scales=(0.5, 2.0) if fp8 else ())
     inputs = make_inputs(case, "cpu")
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
     last = inputs[6] if page_size > 1 else torch.ones(2, dtype=torch.int32)
     plan, run, recorder, applied = patched(monkeypatch)
-    wrapper = object.__new__(BatchPrefillWithPagedKVCacheWrapper)
-    wrapper._kv_layout = "NHD"
-    wrapper._use_cuda_graph = cuda_graph
+    wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper, cuda_graph)
     plan(wrapper, qo_indptr, kv_indptr, kv_indices, last, 32, 8, 128, page_size, causal=causal,
-         sm_scale=0.1)  # fmt: skip
-    result = run(wrapper, q, (k_cache, v_cache), return_lse=return_lse)
+         sm_scale=0.1, **dict(plan_kwargs))  # fmt: skip
+    result = run(wrapper, q, (k_cache, v_cache), return_lse=return_lse, **dict(run_kwargs))
     return result, recorder, applied, inputs
+
+
+def ragged_plan_and_run(monkeypatch, plan_kwargs=(), cuda_graph=False):
+    inputs = make_inputs(RaggedCase((3, 5), (70, 5)), "cpu")
+    q, k, v, qo_indptr, kv_indptr = inputs[:5]
+    plan, run, recorder, applied = patched(monkeypatch, RaggedPrefillAdapter)
+    wrapper = new_wrapper(BatchPrefillWithRaggedKVCacheWrapper, cuda_graph)
+    plan(wrapper, qo_indptr, kv_indptr, 32, 8, 128, **{"causal": True, **dict(plan_kwargs)})
+    return run(wrapper, q, k, v, return_lse=True), recorder, applied, inputs
 
 
 @pytest.mark.parametrize("page_size, name", [(64, PAGED_PS64), (1, PAGED_PS1)])
@@ -81,6 +111,81 @@ def test_cuda_graph_mode_stays_flashinfers(monkeypatch):
     kernel reads them at each replay; a bundle call would keep the tensors of one plan()."""
     result, recorder, applied, _ = plan_and_run(monkeypatch, 64, cuda_graph=True)
     assert recorder.calls == ["plan", "run"] and applied == [] and result == "orig"
+
+
+@pytest.mark.parametrize(
+    "plan_kwargs, run_kwargs",
+    [
+        ({"window_left": 127}, {}),  # no paged window definition
+        ({}, {"window_left": 127}),
+        ({"logits_soft_cap": 30.0}, {}),
+        ({"pos_encoding_mode": "ROPE_LLAMA"}, {}),
+        ({"custom_mask": torch.ones(1, dtype=torch.bool)}, {}),
+        ({"head_dim_vo": 64}, {}),
+        ({}, {"sinks": torch.zeros(32)}),
+        ({}, {"k_scale": 0.5}),  # scales on a bf16 cache
+        ({}, {"v_scale": 2.0}),
+    ],
+    ids=["plan_window", "run_window", "soft_cap", "rope", "custom_mask", "head_dim_vo",
+         "sinks", "bf16_k_scale", "bf16_v_scale"],  # fmt: skip
+)
+def test_what_no_paged_definition_computes_stays_flashinfers(monkeypatch, plan_kwargs, run_kwargs):
+    """flashinfer-bench's own adapter would have served these with the plain causal kernel."""
+    result, recorder, applied, _ = plan_and_run(monkeypatch, 64, plan_kwargs=plan_kwargs,
+                                                run_kwargs=run_kwargs)  # fmt: skip
+    assert applied == [] and recorder.calls == ["plan", "run"] and result == "orig"
+
+
+@pytest.mark.parametrize(
+    "plan_kwargs", [{"logits_soft_cap": 0.0}, {"head_dim_vo": 128}, {"window_left": -1}]
+)
+def test_defaults_spelled_out_are_served(monkeypatch, plan_kwargs):
+    _, recorder, applied, _ = plan_and_run(monkeypatch, 64, plan_kwargs=plan_kwargs)
+    assert recorder.calls == ["plan"] and [name for name, _ in applied] == [PAGED_PS64]
+
+
+@pytest.mark.parametrize("scales", [{}, {"k_scale": 0.5, "v_scale": 2.0}])
+def test_fp8_caches_go_to_the_fp8_definition_with_runs_scales(monkeypatch, scales):
+    _, recorder, applied, inputs = plan_and_run(monkeypatch, 64, run_kwargs=scales, fp8=True)
+    [(called, kwargs)] = applied
+    assert called == PAGED_FP8 and recorder.calls == ["plan"]
+    assert list(kwargs) == ["q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
+                            "kv_last_page_len", "k_scale", "v_scale", "sm_scale"]  # fmt: skip
+    assert (kwargs["k_scale"], kwargs["v_scale"]) == (scales.get("k_scale", 1.0),
+                                                      scales.get("v_scale", 1.0))  # fmt: skip
+    assert kwargs["k_cache"].dtype == torch.float8_e4m3fn
+
+
+def test_fp8_scale_tensors_stay_flashinfers(monkeypatch):
+    result, _, applied, _ = plan_and_run(monkeypatch, 64, run_kwargs={"k_scale": torch.ones(1)},
+                                         fp8=True)  # fmt: skip
+    assert applied == [] and result == "orig"
+
+
+@pytest.mark.parametrize("window_left, name", [(-1, RAGGED), (1023, SWA)])
+def test_ragged_wrapper_gets_the_ragged_or_window_definition(monkeypatch, window_left, name):
+    result, recorder, applied, inputs = ragged_plan_and_run(
+        monkeypatch, {"window_left": window_left, "sm_scale": 0.2}
+    )
+    [(called, kwargs)] = applied
+    assert called == name and recorder.calls == ["plan"]
+    expected = ["q", "k", "v", "qo_indptr", "kv_indptr"] + ["window_left"] * (window_left >= 0)
+    assert list(kwargs) == expected + ["sm_scale"]
+    for position, key in enumerate(expected[:5]):
+        assert kwargs[key] is inputs[position]
+    assert kwargs.get("window_left", -1) == window_left and kwargs["sm_scale"] == 0.2
+    assert torch.all(result[0] == 7.0)
+
+
+@pytest.mark.parametrize(
+    "plan_kwargs, cuda_graph",
+    [({"causal": False}, False), ({"logits_soft_cap": 50.0}, False), ({}, True)],
+    ids=["not_causal", "soft_cap", "cuda_graph_mode"],
+)
+def test_ragged_wrapper_stays_flashinfers_beyond_the_definitions(monkeypatch, plan_kwargs,
+                                                                  cuda_graph):  # fmt: skip
+    result, recorder, applied, _ = ragged_plan_and_run(monkeypatch, plan_kwargs, cuda_graph)
+    assert applied == [] and recorder.calls == ["plan", "run"] and result == "orig"
 
 
 def test_without_return_lse_run_returns_the_output_only(monkeypatch):
@@ -190,3 +295,73 @@ def test_flashinfer_cuda_graph_mode_replays_the_next_plan_with_apply_enabled(pag
     finally:
         disable_apply()
     check_outputs(captured, reference_outputs(second, batches[1]), names=("output", "lse"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window_left", [-1, 300])
+def test_flashinfer_ragged_wrapper_is_served_with_its_window(window_left):
+    """The ragged wrapper planned with window_left: the bundle's window kernel answers and
+    matches the reference of the same window (flashinfer-bench's adapter would serve the plain
+    causal kernel)."""
+    from flashinfer_bench.apply import disable_apply
+
+    from prefill_bundle.serving import enable_bundle_apply
+
+    case = RaggedCase((300, 17, 1), (2000, 17, 700), window_left=window_left)
+    if window_left < 0:
+        case = RaggedCase(case.q_lens, case.kv_lens)
+    inputs = make_inputs(case, "cuda", seed=5)
+    q, k, v, qo_indptr, kv_indptr = inputs[:5]
+
+    def flashinfer_call():
+        workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa3")
+        wrapper.plan(qo_indptr, kv_indptr, 32, 8, 128, causal=True, window_left=window_left,
+                     sm_scale=1 / math.sqrt(128), q_data_type=q.dtype)  # fmt: skip
+        return list(wrapper.run(q, k, v, return_lse=True))
+
+    own = flashinfer_call()
+    runtime = enable_bundle_apply()
+    try:
+        served = flashinfer_call()
+    finally:
+        disable_apply()
+    expected = reference_outputs(case, inputs)
+    check_outputs(served, expected, names=("output", "lse"))
+    check_outputs(own, expected, names=("output", "lse"))
+    assert not torch.equal(served[0], own[0])  # someone else answered
+    assert sum(runtime.served.values()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_flashinfer_paged_wrapper_is_served_on_fp8_caches_with_its_scales():
+    from flashinfer_bench.apply import disable_apply
+
+    from prefill_bundle.serving import enable_bundle_apply
+
+    case = PagedCase((300, 17, 1), (2000, 17, 700), 64, fp8_scales=(0.5, 1.25))
+    inputs = make_inputs(case, "cuda", seed=6)
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last = inputs[:7]
+    clean = [cache.float().nan_to_num().to(cache.dtype) for cache in (k_cache, v_cache)]
+
+    def flashinfer_call():
+        workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(
+            qo_indptr, kv_indptr, kv_indices, last, 32, 8, 128, 64, causal=True,
+            sm_scale=1 / math.sqrt(128), q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+        )  # fmt: skip
+        return list(wrapper.run(q, tuple(clean), k_scale=0.5, v_scale=1.25, return_lse=True))
+
+    own = flashinfer_call()
+    runtime = enable_bundle_apply()
+    try:
+        served = flashinfer_call()
+    finally:
+        disable_apply()
+    expected = reference_outputs(case, inputs)
+    check_outputs(served, expected, names=("output", "lse"))
+    check_outputs(own, expected, names=("output", "lse"))
+    assert dict(runtime.served) and not torch.equal(served[0], own[0])

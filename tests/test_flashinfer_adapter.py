@@ -199,6 +199,28 @@ def test_what_no_definition_covers_runs_flashinfer_itself(monkeypatch, page_size
     assert applied == [] and recorder.calls == ["plan", "run"] and result == "orig"
 
 
+def own_and_served(flashinfer_call):
+    """flashinfer_call's outputs by FlashInfer alone, then with the bundle's apply enabled, and
+    that runtime (its `served` counts)."""
+    from flashinfer_bench.apply import disable_apply
+
+    from prefill_bundle.serving import enable_bundle_apply
+
+    own = flashinfer_call()
+    runtime = enable_bundle_apply()
+    try:
+        served = flashinfer_call()
+    finally:
+        disable_apply()
+    return own, served, runtime
+
+
+def check_served(own, served, expected):
+    check_outputs(served, expected, names=("output", "lse"))
+    check_outputs(own, expected, names=("output", "lse"))
+    assert not torch.equal(served[0], own[0])  # someone else answered
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -206,10 +228,6 @@ def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_
     """plan + run through FlashInfer's own wrapper with apply enabled: the bundle's kernel
     answers (its result differs from FlashInfer's own in the last bits) and matches both the
     reference and FlashInfer run without apply."""
-    from flashinfer_bench.apply import disable_apply
-
-    from prefill_bundle.serving import enable_bundle_apply
-
     case = PagedCase((300, 17, 1), (2000, 17, 700), page_size, shared_prefix=(0, 0, 0))
     inputs = make_inputs(case, "cuda", seed=3)
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
@@ -225,16 +243,8 @@ def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_
         )  # fmt: skip
         return list(wrapper.run(q, (k_cache.nan_to_num(), v_cache.nan_to_num()), return_lse=True))
 
-    own = flashinfer_call()  # FlashInfer alone (unused slots cleaned: it reads them)
-    runtime = enable_bundle_apply()
-    try:
-        served = flashinfer_call()
-    finally:
-        disable_apply()
-    check_outputs(served, expected, names=("output", "lse"))
-    check_outputs(own, expected, names=("output", "lse"))
-    assert not torch.equal(served[0], own[0])  # someone else answered
-    assert runtime is not None
+    own, served, _ = own_and_served(flashinfer_call)  # unused slots cleaned: FlashInfer reads them
+    check_served(own, served, expected)
 
 
 @pytest.mark.gpu
@@ -304,10 +314,6 @@ def test_flashinfer_ragged_wrapper_is_served_with_its_window(window_left):
     """The ragged wrapper planned with window_left: the bundle's window kernel answers and
     matches the reference of the same window (flashinfer-bench's adapter would serve the plain
     causal kernel)."""
-    from flashinfer_bench.apply import disable_apply
-
-    from prefill_bundle.serving import enable_bundle_apply
-
     case = RaggedCase((300, 17, 1), (2000, 17, 700), window_left=window_left)
     if window_left < 0:
         case = RaggedCase(case.q_lens, case.kv_lens)
@@ -321,26 +327,14 @@ def test_flashinfer_ragged_wrapper_is_served_with_its_window(window_left):
                      sm_scale=1 / math.sqrt(128), q_data_type=q.dtype)  # fmt: skip
         return list(wrapper.run(q, k, v, return_lse=True))
 
-    own = flashinfer_call()
-    runtime = enable_bundle_apply()
-    try:
-        served = flashinfer_call()
-    finally:
-        disable_apply()
-    expected = reference_outputs(case, inputs)
-    check_outputs(served, expected, names=("output", "lse"))
-    check_outputs(own, expected, names=("output", "lse"))
-    assert not torch.equal(served[0], own[0])  # someone else answered
+    own, served, runtime = own_and_served(flashinfer_call)
+    check_served(own, served, reference_outputs(case, inputs))
     assert sum(runtime.served.values()) == 1
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_flashinfer_paged_wrapper_is_served_on_fp8_caches_with_its_scales():
-    from flashinfer_bench.apply import disable_apply
-
-    from prefill_bundle.serving import enable_bundle_apply
-
     case = PagedCase((300, 17, 1), (2000, 17, 700), 64, fp8_scales=(0.5, 1.25))
     inputs = make_inputs(case, "cuda", seed=6)
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last = inputs[:7]
@@ -355,13 +349,6 @@ def test_flashinfer_paged_wrapper_is_served_on_fp8_caches_with_its_scales():
         )  # fmt: skip
         return list(wrapper.run(q, tuple(clean), k_scale=0.5, v_scale=1.25, return_lse=True))
 
-    own = flashinfer_call()
-    runtime = enable_bundle_apply()
-    try:
-        served = flashinfer_call()
-    finally:
-        disable_apply()
-    expected = reference_outputs(case, inputs)
-    check_outputs(served, expected, names=("output", "lse"))
-    check_outputs(own, expected, names=("output", "lse"))
-    assert dict(runtime.served) and not torch.equal(served[0], own[0])
+    own, served, runtime = own_and_served(flashinfer_call)
+    check_served(own, served, reference_outputs(case, inputs))
+    assert sum(runtime.served.values()) == 1

@@ -77,27 +77,28 @@ def ragged_definition_name(q, k, window_left: int) -> str:
 
 
 def unserved_plan(plan: dict):
-    """Why no definition computes what plan() asked for (the first reason), or None."""
+    """The first plan() argument no definition computes (its name), or None."""
     if not plan.get("causal"):
         return "not causal"
     for name, value in PLAN_AS_DEFINED.items():
         given = plan.get(name)
-        if given is value or given == value:
+        if given is value:
             continue
-        if name == "logits_soft_cap" and given == 0:
-            continue
-        if name == "head_dim_vo" and given == plan.get("head_dim_qk"):
-            continue
-        return f"{name}={given!r}"
+        if torch.is_tensor(given) or given != value:
+            if name == "logits_soft_cap" and given == 0:
+                continue
+            if name == "head_dim_vo" and given == plan.get("head_dim_qk"):
+                continue
+            return name
     return None
 
 
 def unserved_run(bound: dict):
-    """Why no definition computes what run() asked for, or None."""
+    """The first run() argument no definition computes (its name), or None."""
     for name, value in RUN_AS_DEFINED.items():
         given = bound.get(name)
         if not (given is value or (name == "args" and len(given or ()) == 0)):
-            return f"{name}={given!r}"
+            return name
     return None
 
 

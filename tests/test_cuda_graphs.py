@@ -121,3 +121,47 @@ def test_captured_call_replays_other_batches(solution, case):
         graph.replay()
         torch.cuda.synchronize()
         check_outputs(captured, reference_outputs(batch, fresh))
+
+
+# Solutions whose decode-like batches use a workspace kept per stream (split-KV shares).
+WORKSPACE_SOLUTIONS = [
+    f"{language}_{name}"
+    for language in ("cuda", "triton", "tilelang")
+    for name in ("paged_ps64", "fp8kv")
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("solution", WORKSPACE_SOLUTIONS)
+def test_graph_keeps_its_memory_when_an_eager_call_grows_the_streams_workspace(solution):
+    """Eager calls keep one workspace per stream and grow it. A graph captured on that stream
+    must not write the kept buffer: an eager call with a larger batch frees it, and the memory
+    goes to other tensors (here, filler of 7s) that the graph's replay would then overwrite."""
+    fp8 = _FP8 if solution.endswith("fp8kv") else ()
+    small = PagedCase((1,) * 8, _DECODE_LENS, 64, fp8_scales=fp8)
+    large = PagedCase((1,) * 64, _DECODE_LENS * 8, 64, fp8_scales=fp8)
+    runnable = build_solution(solution)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        static = make_inputs(small, "cuda", seed=0)
+        outputs = poisoned_outputs(small, static)
+        runnable(*static, *outputs)  # the stream's workspace, sized for the small batch
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            runnable(*static, *outputs)
+        big = make_inputs(large, "cuda", seed=1)
+        runnable(*big, *poisoned_outputs(large, big))  # grows the workspace: the old one freed
+        filler = [torch.full((n,), 7.0, device="cuda") for n in (1 << 14, 1 << 17, 1 << 20)
+                  for _ in range(64)]  # fmt: skip
+        fresh = make_inputs(small, "cuda", seed=2)
+        for into, value in zip(static, fresh):
+            if torch.is_tensor(into):
+                into.copy_(value)
+        for out in outputs:
+            out.fill_(float("nan"))
+        graph.replay()
+    stream.synchronize()
+    check_outputs(outputs, reference_outputs(small, fresh))
+    assert all(bool((x == 7.0).all()) for x in filler), "the replay wrote freed memory"

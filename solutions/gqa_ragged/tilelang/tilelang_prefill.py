@@ -107,7 +107,10 @@ _workspaces = {}
 def _scheduler(device: int):
     """The work counters of the stream the kernel launches on: zero before a launch, and the
     kernel's last block zeroes them again, so they are set once. Launches on one stream run one
-    after another; two streams get two counters, so concurrent launches never share one."""
+    after another; two streams get two counters, so concurrent launches never share one. A call
+    captured into a CUDA graph gets counters of its own (the graph's, zeroed at each replay)."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=f"cuda:{device}")
     stream = torch._C._cuda_getCurrentRawStream(device)
     counters = _schedulers.get((device, stream))
     if counters is None:
@@ -120,9 +123,12 @@ def _workspace(device: int, rows: int) -> tuple:
     """Split-KV's fp32 workspaces for `rows` rows (shares x total_q): the shares' outputs
     [rows, 32, 128] and LSE [rows, 32], views of one buffer per stream, grown on demand (a
     launch on the stream that used the old buffer runs before the next one: stream order; two
-    streams get two buffers, as the work counters)."""
+    streams get two buffers, as the work counters). A call captured into a CUDA graph gets a
+    buffer of its own (the graph's: a kept one could be freed by a later call that grows it, or
+    be shared with eager calls on another stream, while the graph still writes it)."""
+    kept = not torch.cuda.is_current_stream_capturing()
     stream = torch._C._cuda_getCurrentRawStream(device)
-    entry = _workspaces.get((device, stream))
+    entry = _workspaces.get((device, stream)) if kept else None
     if entry is not None and entry[0] == rows:
         return entry[1]
     size = rows * NUM_HEADS * (HEAD_DIM + 1)
@@ -134,7 +140,8 @@ def _workspace(device: int, rows: int) -> tuple:
         buffer[:outputs].view(rows, NUM_HEADS, HEAD_DIM),
         buffer[outputs:size].view(rows, NUM_HEADS),
     )
-    _workspaces[(device, stream)] = (rows, views, buffer)
+    if kept:
+        _workspaces[(device, stream)] = (rows, views, buffer)
     return views
 
 

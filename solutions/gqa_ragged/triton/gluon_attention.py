@@ -1250,7 +1250,10 @@ _counters = {}
 def item_counter(device) -> torch.Tensor:
     """The ragged and paged kernels' item counter (int32[2], zero between launches: the last
     CTA of a launch zeroes it) for the current stream of `device`: kernels on two streams may
-    run at once, each drawing from its own."""
+    run at once, each drawing from its own. A call captured into a CUDA graph gets a counter of
+    its own (the graph's, zeroed at each replay), so a replay on any stream shares none."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
     # The raw stream handle, as triton's own launcher reads it: torch.cuda.current_stream builds
     # a Stream object (~3 us of host time a call on the H200 machine).
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None

@@ -184,11 +184,14 @@ def _split_workspace(out, lse, splits: int) -> tuple:
     the decode rows). Launches on one stream run
     in order, so a call's merge has read the buffer before the next call's shares write it;
     two streams get two buffers (as the Gluon kernels' item counters). The interpreter's CPU
-    calls allocate their own."""
+    calls allocate their own, and so does a call captured into a CUDA graph (its buffer then
+    the graph's: a kept one could be freed by a later call that grows it, or be shared with
+    eager calls on another stream, while the graph still writes it)."""
     part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
     size = part_size + splits * lse.numel()
     device = out.get_device()
-    slot = (device, torch._C._cuda_getCurrentRawStream(device)) if device >= 0 else None
+    kept = device >= 0 and not torch.cuda.is_current_stream_capturing()
+    slot = (device, torch._C._cuda_getCurrentRawStream(device)) if kept else None
     shapes = (splits, out.shape, lse.shape)
     entry = _workspaces.get(slot)  # None for the interpreter's calls: never kept
     if entry is not None and entry[0] == shapes:

@@ -112,11 +112,13 @@ def heads_match(q, plan: dict) -> bool:
 
 
 class BundleAdapter:
-    """plan() recorded per wrapper instance (every argument, defaults applied); run() served by
-    `serve` (a subclass's: apply's result, or None for FlashInfer's own run)."""
+    """plan() recorded per wrapper instance (every argument, defaults applied, and whether a
+    definition computes it: `unserved`); run() served by `serve` (a subclass's: apply's result,
+    or None for FlashInfer's own run)."""
 
     wrapper = ""  # the FlashInfer class under flashinfer.prefill
     key = ""  # the patch specs' ctx_key
+    positional = ()  # run()'s parameters before *args; the rest are keyword-only
 
     def __init__(self) -> None:
         self._plans = ContextStore()
@@ -130,25 +132,27 @@ class BundleAdapter:
         ]
 
     def make_wrapper(self, spec: PatchSpec, orig):
-        binder = ArgBinder.from_callable(orig)
         if spec.name.endswith("_plan"):
+            binder = ArgBinder.from_callable(orig)
 
             def plan_wrapper(inst, *args, **kwargs):
                 plan = self._plans.get(inst)
                 plan.clear()
                 plan.update(binder.bind((inst, *args), kwargs))
                 plan["kv_layout"] = infer_kv_layout_from_args(inst)
+                plan["unserved"] = unserved_plan(plan)
                 return orig(inst, *args, **kwargs)  # the fallback needs FlashInfer's plan too
 
             return plan_wrapper
 
         def run_wrapper(inst, *args, **kwargs):
             plan = self._plans.get(inst)
-            bound = binder.bind((inst, *args), kwargs)
+            bound = self.run_arguments(args, kwargs)
             served = None
             if (
                 plan
-                and unserved_plan(plan) is None
+                and bound is not None
+                and plan["unserved"] is None
                 and unserved_run(bound) is None
                 and heads_match(bound["q"], plan)
                 and not getattr(inst, "_use_cuda_graph", False)
@@ -165,12 +169,22 @@ class BundleAdapter:
 
         return run_wrapper
 
+    def run_arguments(self, args: tuple, kwargs: dict):
+        """run()'s arguments by name (extra positional ones under "args"), without
+        inspect.signature's bind (~10 us a call): the parameters after *args are keyword-only.
+        None when a positional one is missing (FlashInfer's own run() then says so)."""
+        bound = dict(zip(self.positional, args))
+        bound["args"] = args[len(self.positional):]
+        bound.update(kwargs)
+        return bound if all(name in bound for name in self.positional) else None
+
     def serve(self, plan: dict, bound: dict, fallback):
         raise NotImplementedError
 
 
 class PagedPrefillAdapter(BundleAdapter):
     wrapper, key = "BatchPrefillWithPagedKVCacheWrapper", "gqa_paged_prefill"
+    positional = ("q", "paged_kv_cache")
 
     def serve(self, plan, bound, fallback):
         page_size = plan["page_size"]
@@ -214,6 +228,7 @@ class PagedPrefillAdapter(BundleAdapter):
 
 class RaggedPrefillAdapter(BundleAdapter):
     wrapper, key = "BatchPrefillWithRaggedKVCacheWrapper", "gqa_ragged_prefill"
+    positional = ("q", "k", "v")
 
     def serve(self, plan, bound, fallback):
         q, k, v = bound["q"], bound["k"], bound["v"]

@@ -188,6 +188,19 @@ def test_ragged_wrapper_stays_flashinfers_beyond_the_definitions(monkeypatch, pl
     assert applied == [] and recorder.calls == ["plan", "run"] and result == "orig"
 
 
+def test_run_arguments_by_keyword_or_extra_positional(monkeypatch):
+    """run() reads its arguments without inspect's bind: q and the cache by keyword are served
+    the same; an extra positional argument (FlashInfer's legacy *args) goes to FlashInfer."""
+    inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
+    plan, run, recorder, applied = patched(monkeypatch)
+    wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper)
+    plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)
+    run(wrapper, q=inputs[0], paged_kv_cache=tuple(inputs[1:3]))
+    assert [name for name, _ in applied] == [PAGED_PS64]
+    assert run(wrapper, inputs[0], tuple(inputs[1:3]), 0.5) == "orig"
+    assert len(applied) == 1 and recorder.calls == ["plan", "run"]
+
+
 def test_without_return_lse_run_returns_the_output_only(monkeypatch):
     result, _, _, _ = plan_and_run(monkeypatch, 64, return_lse=False)
     assert isinstance(result, torch.Tensor) and torch.all(result == 7.0)

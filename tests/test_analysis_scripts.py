@@ -201,3 +201,9 @@ def test_decode_sweep_builds_decode_like_fp8_batches(monkeypatch):
         assert case.q_lens == (tokens,) * batch
         assert all(mean // 2 <= keys <= mean * 3 // 2 for keys in case.kv_lens)
         assert batch == 1 or len(set(case.kv_lens)) > 1  # ragged, as a server's batches are
+
+
+def test_adapter_cost_times_both_adapters_serving():
+    costs = load_script("adapter_cost").main(["--calls", "20", "--rounds", "1"])
+    assert set(costs) == {"flashinfer-bench", "bundle"}
+    assert all(0 < cost < 1e5 for cost in costs.values())

@@ -17,7 +17,9 @@ Served here:
   the FP8 one (page size 64, float8_e4m3fn caches, run()'s k_scale and v_scale as its scales);
 - BatchPrefillWithRaggedKVCacheWrapper, causal: the ragged definition, or the sliding-window
   one when plan()'s window_left >= 0.
-Anything else (`unserved_plan`, `unserved_run`) runs FlashInfer's own kernel.
+Anything else (`unserved_plan`, `unserved_run`) runs FlashInfer's own kernel, MLA's ragged
+prefill too (head_dim_vo != head_dim_qk), which flashinfer-bench's ragged adapter sends to apply
+but no definition of this bundle covers.
 
 CUDA graphs stay FlashInfer's too: a wrapper made with use_cuda_graph=True, or any run() while
 the stream is being captured. FlashInfer's graph mode copies each plan()'s indptr and page

@@ -114,9 +114,9 @@ def heads_match(q, plan: dict) -> bool:
 
 
 class BundleAdapter:
-    """plan() recorded per wrapper instance (every argument, defaults applied, and whether a
-    definition computes it: `unserved`); run() served by `serve` (a subclass's: apply's result,
-    or None for FlashInfer's own run)."""
+    """plan() recorded per wrapper instance (every argument, defaults applied, sm_scale resolved,
+    and whether a definition computes it: `unserved`); run() served by `serve` (a subclass's:
+    apply's result, or None for FlashInfer's own run)."""
 
     wrapper = ""  # the FlashInfer class under flashinfer.prefill
     key = ""  # the patch specs' ctx_key
@@ -143,6 +143,7 @@ class BundleAdapter:
                 plan.update(binder.bind((inst, *args), kwargs))
                 plan["kv_layout"] = infer_kv_layout_from_args(inst)
                 plan["unserved"] = unserved_plan(plan)
+                plan["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
                 return orig(inst, *args, **kwargs)  # the fallback needs FlashInfer's plan too
 
             return plan_wrapper
@@ -223,7 +224,7 @@ class PagedPrefillAdapter(BundleAdapter):
             arguments["k_scale"], arguments["v_scale"] = (
                 1.0 if scale is None else float(scale) for scale in scales
             )
-        arguments["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
+        arguments["sm_scale"] = plan["sm_scale"]
         return apply(paged_definition_name(q, k_cache, page_size), kwargs=arguments,
                      fallback=fallback)  # fmt: skip
 
@@ -243,7 +244,7 @@ class RaggedPrefillAdapter(BundleAdapter):
                      "kv_indptr": plan["kv_indptr"]}  # fmt: skip
         if window_left >= 0:
             arguments["window_left"] = window_left
-        arguments["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
+        arguments["sm_scale"] = plan["sm_scale"]
         return apply(ragged_definition_name(q, k, window_left), kwargs=arguments,
                      fallback=fallback)  # fmt: skip
 

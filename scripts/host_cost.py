@@ -2,7 +2,9 @@
 (the GPU kept busy, so the Python side is what is measured), kernel time (do_bench) and
 flashinfer-bench's time (host + kernel, L2 flushed). For Triton, also the pieces of its entry
 point: the per-call checks, its launch, and (FA-2 plans) what the JIT's own launch costs, or
-(Gluon plans) the descriptors its launch builds.
+(Gluon plans) the descriptors its launch builds. For TileLang, its Python up to the kernel
+(the kernel stubbed) and the kernel's tvm-ffi `main` alone (argument checks, TMA descriptors,
+launch), with the arguments of the last call.
 
     python scripts/host_cost.py                       # the four short ragged workloads
     python scripts/host_cost.py --batches chunked_prefill_2k_over_16k_window_4096 prompt_8k
@@ -60,6 +62,30 @@ def timed_calls(runnables: dict, inputs: list, outputs: list, workload: str) -> 
     return rows
 
 
+def tilelang_rows(workload: str, module, plans, call) -> list:
+    """TileLang's call in two: its Python with the kernel stubbed in the plan the calls above
+    used last, and that kernel's tvm-ffi main alone with the arguments the call passed it; then
+    the pieces of the Python (the work counters, the placement checks)."""
+    key = next(reversed(plans))
+    plan = plans[key]
+    if not callable(plan[0]):
+        return []  # page size 1 gathered first: two kernels
+    captured = []
+    plans[key] = (lambda *args: captured.append(args), *plan[1:])
+    call()
+    plans[key] = (lambda *args: None, *plan[1:])
+    python = host_us(call, CALLS)
+    plans[key] = plan
+    main, args = plan[0], captured[0]
+    pieces = {
+        "tilelang: python only": python,
+        "tilelang: main alone": host_us(lambda: main(*args), CALLS),
+        "tilelang: work counters": host_us(lambda: module._scheduler(0), CALLS),
+        "tilelang: capturing?": host_us(torch.cuda.is_current_stream_capturing, CALLS),
+    }
+    return [(workload, label, us, float("nan"), float("nan")) for label, us in pieces.items()]
+
+
 def paged_rows(names: list) -> list:
     """Page size 1 workloads: every solution's call, then the pieces of Triton's gathered call."""
     batches = {batch.name: batch for batch in PAGED_BATCHES}
@@ -71,6 +97,9 @@ def paged_rows(names: list) -> list:
         inputs = nan_slots_to_zero(make_inputs(case, "cuda"))
         outputs = poisoned_outputs(case, inputs)
         rows += timed_calls(runnables, inputs, outputs, name)
+        tilelang_mod = entry_module(runnables["tilelang_paged_ps1"])
+        rows += tilelang_rows(name, tilelang_mod, tilelang_mod._paged_plans[1],
+                              lambda: runnables["tilelang_paged_ps1"](*inputs, *outputs))
         triton_mod = entry_module(runnables["triton_paged_ps1"])
         plans = triton_mod._paged_plans[1]
         plan = plans[next(reversed(plans))]
@@ -152,6 +181,11 @@ def main():
         inputs = make_inputs(case, "cuda", seed=0)
         outputs = poisoned_outputs(case, inputs)
         rows += timed_calls(runnables, inputs, outputs, batch.name)
+        tilelang_mod = entry_module(runnables[f"tilelang_{suffix}"])
+        windowed = batch.window_left is not None and 0 <= batch.window_left < inputs[1].shape[0]
+        tilelang_plans = tilelang_mod._swa_plans if windowed else tilelang_mod._ragged_plans
+        rows += tilelang_rows(batch.name, tilelang_mod, tilelang_plans,
+                              lambda: runnables[f"tilelang_{suffix}"](*inputs, *outputs))
         q, k, v, qo, kv = inputs[:5]
         scale, window = inputs[-1], batch.window_left
         if window is not None and not 0 <= window < k.shape[0]:

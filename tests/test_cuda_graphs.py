@@ -123,6 +123,20 @@ def test_captured_call_replays_other_batches(solution, case):
         check_outputs(captured, reference_outputs(batch, fresh))
 
 
+def fill_free_cached_blocks(stream, value: float) -> list:
+    """A tensor of `value` over every free block the caching allocator keeps for `stream`
+    (best fit: a request of a free block's exact size gets that block or one like it), so
+    memory a call freed is surely handed out again before the replay."""
+    filler = []
+    for segment in torch.cuda.memory_snapshot():
+        if segment["stream"] != stream.cuda_stream or tuple(segment["segment_pool_id"]) != (0, 0):
+            continue  # another stream's, or a graph's private pool
+        for block in segment["blocks"]:
+            if block["state"] == "inactive":
+                filler.append(torch.full((block["size"] // 4,), value, device="cuda"))
+    return filler
+
+
 # Solutions whose decode-like batches use a workspace kept per stream (split-KV shares).
 WORKSPACE_SOLUTIONS = [
     f"{language}_{name}"
@@ -153,8 +167,7 @@ def test_graph_keeps_its_memory_when_an_eager_call_grows_the_streams_workspace(s
             runnable(*static, *outputs)
         big = make_inputs(large, "cuda", seed=1)
         runnable(*big, *poisoned_outputs(large, big))  # grows the workspace: the old one freed
-        filler = [torch.full((n,), 7.0, device="cuda") for n in (1 << 14, 1 << 17, 1 << 20)
-                  for _ in range(64)]  # fmt: skip
+        filler = fill_free_cached_blocks(stream, 7.0)
         fresh = make_inputs(small, "cuda", seed=2)
         for into, value in zip(static, fresh):
             if torch.is_tensor(into):

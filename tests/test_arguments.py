@@ -4,6 +4,7 @@ TileLang. Without a GPU every backend still runs its checks on CPU tensors (the 
 comes last, so each case's one fault is what fails); Triton, interpreted, also takes them.
 """
 
+import functools
 import math
 import re
 
@@ -382,6 +383,43 @@ def test_checked_on_every_call(backend):
         run(*ragged_args(sm_scale=None))
     with pytest.raises(ValueError, match=r"^lse: expected a contiguous tensor"):
         run(*ragged_args(lse=transposed(4, 32, dtype=F32)))
+
+
+def planned_error_cases(backend: str) -> list:
+    """(definition, valid arguments, changes -> arguments, its error cases) for every planned
+    definition the backend serves."""
+    cases = [
+        ("ragged", ragged_args(), ragged_args, RAGGED_ERRORS.values()),
+        ("swa", swa_args(), swa_args, RAGGED_ERRORS.values()),
+    ]
+    for page_size in (1, 64):
+        errors = [(arg, make(page_size)) for arg, sizes, make in PAGED_ERRORS.values()
+                  if page_size in sizes]  # fmt: skip
+        cases.append((f"paged_ps{page_size}", paged_args(page_size),
+                      functools.partial(paged_args, page_size), errors))  # fmt: skip
+    if f"{backend}_fp8kv" in SOLUTION_NAMES:
+        cases.append(("fp8kv", fp8_args(), fp8_args, FP8_ERRORS.values()))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_once_the_shape_is_planned(backend):
+    """Plans are keyed by part of the arguments (TileLang's by what its kernels' mains do not
+    check themselves). After a valid call has planned its shape, each error case still raises
+    the contract's ValueError, and before any launch: an output that the case leaves alone
+    stays NaN."""
+    for definition, valid, arguments_with, errors in planned_error_cases(backend):
+        entry(backend, definition)(*valid)
+        for argument, changes in errors:
+            args = arguments_with(**changes)
+            output = args[-2]
+            if "output" not in changes:
+                output.fill_(float("nan"))
+            assert_rejected(backend, definition, args, argument)
+            if "output" not in changes:
+                assert bool(output.isnan().all()), f"{definition}: {argument} launched"
 
 
 @pytest.mark.parametrize("name", ["triton_mini", "triton_ragged"])

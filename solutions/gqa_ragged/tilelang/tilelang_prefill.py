@@ -89,9 +89,16 @@ _merge_kernels = {}  # dtype -> split-KV's compiled merge
 _gather_kernels = {}  # dtype -> page size 1's compiled page gather
 _decode_kernels = {}  # dtype -> the FP8 decode program (gqa_prefill_decode.decode_fp8)
 _merge_decode_kernels = {}  # dtype -> its merge (gqa_prefill_decode.merge_decode)
-# Keyed by shapes, strides, dtypes and device, so that the checks run once per key; a plan holds
-# what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr, scratch lse,
-# token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
+# A plan holds what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr,
+# scratch lse, token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
+# The padded plans are keyed by every tensor's shape, strides and dtype (the plan's strides view
+# them). The ragged and paged ones are keyed by what the plan depends on and what a call may
+# restride or replace by a stand-in (q, K, V and kv_indices: shapes, strides, dtypes) and the
+# device; the kernels' tvm-ffi mains check every argument they get (dtype, rank, shape against
+# the others, strides, device: TVM's generated checks, before any launch) on every call, and a
+# call checks only the data pointers' alignment in Python (~2.4 us of host time a call less
+# than keying and placing every tensor, measured on the CPU). A main that refuses an argument
+# has the contract's checks run to name it (_named_refusal).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
 _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
@@ -147,6 +154,22 @@ def _workspace(device: int, rows: int) -> tuple:
 
 def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _misaligned(*tensors) -> bool:
+    """Whether a data pointer is off 16 bytes (TMA and the 16-byte loads and stores need it)."""
+    bits = 0
+    for x in tensors:
+        bits |= x.data_ptr()
+    return bits & 15 != 0
+
+
+def _named_refusal(refusal: Exception, check) -> None:
+    """A kernel's main refused a call (its argument checks) or failed: check() runs the
+    contract's checks, which raise the ValueError naming a bad argument; if none is bad, the
+    main's own error stands."""
+    check()
+    raise refusal
 
 
 def _check_sm90a(device: int) -> None:
@@ -348,21 +371,19 @@ def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, ls
     windowed = window_left is not None
     plans = _swa_plans if windowed else _ragged_plans
     try:
-        key = (
-            q.shape, k.shape, v.shape, qo_indptr.shape, kv_indptr.shape, output.shape, lse.shape,
-            q.stride(), k.stride(), v.stride(), qo_indptr.stride(), kv_indptr.stride(),
-            output.stride(), lse.stride(), q.dtype, k.dtype, v.dtype, qo_indptr.dtype,
-            kv_indptr.dtype, output.dtype, lse.dtype, q.get_device(),
-        )  # fmt: skip
+        key = (q.shape, k.shape, v.shape, qo_indptr.shape, q.stride(), k.stride(), v.stride(),
+               q.dtype, k.dtype, v.dtype, q.get_device())  # fmt: skip
         plan = plans.lookup(key)
+        if plan is not None and _misaligned(*tensors):
+            plan = None  # the plan's checks name it
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
         plan = _plan_ragged(windowed, *tensors)  # raises ValueError on a bad argument
         if key is not None:
             plans.store(key, plan)
-    else:
-        check_placement(RAGGED_NAMES, tensors)
+    elif q.shape[0] == 0:
+        _plan_ragged(windowed, *tensors)  # no main will check the arguments
     total_q, total_kv = q.shape[0], k.shape[0]
     if VALIDATE:
         check_indptr_values(qo_indptr, kv_indptr, total_q, total_kv)
@@ -370,6 +391,7 @@ def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, ls
         return
     kernel, keyless = plan
     if keyless is not None:
+        check_placement(RAGGED_NAMES, tensors)  # K and V's device (main sees the stand-in)
         k = v = keyless
     elif total_kv == 1:
         k, v = _lone_token(k, NUM_KV_HEADS), _lone_token(v, NUM_KV_HEADS)
@@ -380,10 +402,13 @@ def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, ls
         # softmax(s q.k) = softmax(|s| (-q).k), and s = 0 gives softmax(1 * 0.k); both exact.
         q, sm_scale = (-q, -sm_scale) if sm_scale < 0 else (torch.zeros_like(q), 1.0)
     windows = () if window_left is None else (window_left,)
-    kernel(
-        q, k, v, qo_indptr, kv_indptr, total_kv, *windows, sm_scale, output, lse,
-        _scheduler(q.get_device()),
-    )  # fmt: skip
+    try:
+        kernel(
+            q, k, v, qo_indptr, kv_indptr, total_kv, *windows, sm_scale, output, lse,
+            _scheduler(q.get_device()),
+        )  # fmt: skip
+    except Exception as refusal:
+        _named_refusal(refusal, lambda: _plan_ragged(windowed, *tensors))
 
 
 def _paged_arguments(page_size: int, tensors: tuple) -> tuple:
@@ -495,32 +520,44 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     plans = _fp8_plans if fp8 else _paged_plans[page_size]
     try:
         key = (
-            q.shape, k_cache.shape, v_cache.shape, qo_indptr.shape, kv_indptr.shape,
-            kv_indices.shape, output.shape, lse.shape, q.stride(), k_cache.stride(),
-            v_cache.stride(), qo_indptr.stride(), kv_indptr.stride(), kv_indices.stride(),
-            output.stride(), lse.stride(), q.dtype, k_cache.dtype, v_cache.dtype,
-            qo_indptr.dtype, kv_indptr.dtype, kv_indices.dtype, output.dtype, lse.dtype,
-            q.get_device(),
-            None if kv_last_page_len is None else (
-                kv_last_page_len.shape, kv_last_page_len.stride(), kv_last_page_len.dtype
-            ),
+            q.shape, k_cache.shape, v_cache.shape, qo_indptr.shape, kv_indices.shape, q.stride(),
+            k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype, v_cache.dtype,
+            kv_indices.dtype, q.get_device(),
         )  # fmt: skip
         plan = plans.lookup(key)
+        if plan is not None and _misaligned(*_paged_arguments(page_size, tensors)[1]):
+            plan = None  # the plan's checks name it
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
         plan = _plan_paged(page_size, tensors, fp8)  # raises ValueError on a bad argument
         if key is not None:
             plans.store(key, plan)
-    else:
-        check_placement(*_paged_arguments(page_size, tensors))
-    kernel, pageless, indexless, num_pages, shares, merge, gather = plan
+    elif q.shape[0] == 0:
+        _plan_paged(page_size, tensors, fp8)  # no main will check the arguments
+    total_q = q.shape[0]
     if VALIDATE:
-        check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.shape[0],
-                           num_pages, page_size)  # fmt: skip
-    total_q, num_kv_indices = q.shape[0], kv_indices.shape[0]
+        check_paged_values(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, total_q,
+                           plan[3], page_size)  # fmt: skip
     if total_q == 0:
         return
+    if plan[1] is not None or plan[2] is not None:
+        # The caches' or the page table's device (main sees the stand-in).
+        check_placement(*_paged_arguments(page_size, tensors))
+    try:
+        _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                      kv_last_page_len, sm_scale, output, lse, v_scale)  # fmt: skip
+    except Exception as refusal:
+        _named_refusal(refusal, lambda: _plan_paged(page_size, tensors, fp8))
+
+
+def _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                  sm_scale, output, lse, v_scale):  # fmt: skip
+    """_run_paged's launches (the kernel, then split-KV's merge; or the page gather, then the
+    ragged program) on a plan that matched the call."""
+    fp8 = v_scale is not None
+    kernel, pageless, indexless, num_pages, shares, merge, gather = plan
+    total_q, num_kv_indices = q.shape[0], kv_indices.shape[0]
     if pageless is not None:
         k_cache = v_cache = pageless
     elif num_pages == 1:

@@ -154,7 +154,9 @@ def test_graph_keeps_its_memory_when_an_eager_call_grows_the_streams_workspace(s
     goes to other tensors (here, filler of 7s) that the graph's replay would then overwrite."""
     fp8 = _FP8 if solution.endswith("fp8kv") else ()
     small = PagedCase((1,) * 8, _DECODE_LENS, 64, fp8_scales=fp8)
-    large = PagedCase((1,) * 64, _DECODE_LENS * 8, 64, fp8_scales=fp8)
+    # Larger batches, each growing some backend's workspace past the small batch's (TileLang's
+    # page-size-64 program splits 24 rows 3 ways: 72 workspace rows against 64; 64 rows not at all)
+    larger = [PagedCase((1,) * n, _DECODE_LENS * (n // 8), 64, fp8_scales=fp8) for n in (24, 64)]
     runnable = build_solution(solution)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -165,8 +167,9 @@ def test_graph_keeps_its_memory_when_an_eager_call_grows_the_streams_workspace(s
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             runnable(*static, *outputs)
-        big = make_inputs(large, "cuda", seed=1)
-        runnable(*big, *poisoned_outputs(large, big))  # grows the workspace: the old one freed
+        for seed, large in enumerate(larger, 1):
+            big = make_inputs(large, "cuda", seed=seed)
+            runnable(*big, *poisoned_outputs(large, big))  # grows the workspace: the old one freed
         filler = fill_free_cached_blocks(stream, 7.0)
         fresh = make_inputs(small, "cuda", seed=2)
         for into, value in zip(static, fresh):

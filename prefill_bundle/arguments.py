@@ -302,6 +302,15 @@ def check_layout(names: tuple, tensors: tuple, interpreted: bool = False) -> Non
 _STRIDED = frozenset(PADDED_INPUTS + PAGED_CACHES)  # checked by check_layout's stride rules
 
 
+def misaligned(*tensors) -> bool:
+    """Whether a data pointer is off ALIGN_BYTES: check_placement's alignment rule alone, for
+    entries whose kernels check the rest themselves (TileLang's tvm-ffi mains)."""
+    bits = 0
+    for x in tensors:
+        bits |= x.data_ptr()
+    return bits % ALIGN_BYTES != 0
+
+
 def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> None:
     """Every call: the other tensors contiguous, 16-byte aligned data pointers, one device (a
     GPU unless interpreted). One pass of cheap reads when all is well (this runs on every
@@ -310,7 +319,7 @@ def check_placement(names: tuple, tensors: tuple, interpreted: bool = False) -> 
     if index >= 0:
         for name, x in zip(names, tensors):
             if (
-                x.data_ptr() % 16 or x.get_device() != index
+                x.data_ptr() % ALIGN_BYTES or x.get_device() != index
                 or (name not in _STRIDED and not x.is_contiguous())
             ):  # fmt: skip
                 break
@@ -324,7 +333,7 @@ def _name_misplaced(names: tuple, tensors: tuple, interpreted: bool) -> None:
     for name, x in zip(names, tensors):
         if name not in _STRIDED and not x.is_contiguous():
             fail(name, "a contiguous tensor", f"{describe(x)} with strides {list(x.stride())}")
-        if x.data_ptr() % 16:
+        if x.data_ptr() % ALIGN_BYTES:
             fail(name, "a 16-byte aligned data pointer", hex(x.data_ptr()))
     first = tensors[0]
     index = first.get_device()

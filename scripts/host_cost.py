@@ -65,7 +65,7 @@ def timed_calls(runnables: dict, inputs: list, outputs: list, workload: str) -> 
 def tilelang_rows(workload: str, module, plans, call) -> list:
     """TileLang's call in two: its Python with the kernel stubbed in the plan the calls above
     used last, and that kernel's tvm-ffi main alone with the arguments the call passed it; then
-    the pieces of the Python (the work counters, the placement checks)."""
+    two pieces of the Python (the work counters, and the capture check within them)."""
     key = next(reversed(plans))
     plan = plans[key]
     if not callable(plan[0]):

@@ -57,6 +57,7 @@ from .arguments import (
     check_window_left,
     fold_kv_scales,
     gathers_pages,
+    misaligned,
     token_stride,
 )
 from .gqa_prefill_decode import (
@@ -154,14 +155,6 @@ def _workspace(device: int, rows: int) -> tuple:
 
 def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _misaligned(*tensors) -> bool:
-    """Whether a data pointer is off 16 bytes (TMA and the 16-byte loads and stores need it)."""
-    bits = 0
-    for x in tensors:
-        bits |= x.data_ptr()
-    return bits & 15 != 0
 
 
 def _named_refusal(refusal: Exception, check) -> None:
@@ -374,7 +367,7 @@ def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, ls
         key = (q.shape, k.shape, v.shape, qo_indptr.shape, q.stride(), k.stride(), v.stride(),
                q.dtype, k.dtype, v.dtype, q.get_device())  # fmt: skip
         plan = plans.lookup(key)
-        if plan is not None and _misaligned(*tensors):
+        if plan is not None and misaligned(*tensors):
             plan = None  # the plan's checks name it
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
@@ -525,7 +518,7 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
             kv_indices.dtype, q.get_device(),
         )  # fmt: skip
         plan = plans.lookup(key)
-        if plan is not None and _misaligned(*_paged_arguments(page_size, tensors)[1]):
+        if plan is not None and misaligned(*_paged_arguments(page_size, tensors)[1]):
             plan = None  # the plan's checks name it
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None

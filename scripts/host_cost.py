@@ -10,11 +10,13 @@ launch), with the arguments of the last call.
     python scripts/host_cost.py --batches chunked_prefill_2k_over_16k_window_4096 prompt_8k
     python scripts/host_cost.py --paged chunked_prefill_2k_over_8k fresh_prompts_4x1k_3k
     python scripts/host_cost.py --fp8 single_token_rows_16 prefix_cache_hits_8x256
+    python scripts/host_cost.py --mini noncausal_b4_q512_kv512 small_b1_q128_kv128_causal
 
 --paged takes page size 1 workloads instead: the solutions' calls, and the pieces of Triton's
 when it gathers the pages first (arguments.gathers_pages): the buffers' allocation, the copy's
 launch and the ragged launch over the buffers. --fp8 takes paged workloads over FP8 caches
-(page size 64, the workloads' scales): the solutions' calls only.
+(page size 64, the workloads' scales): the solutions' calls only. --mini takes the padded
+definition's workloads (float16, as the traces): the solutions' calls only.
 """
 
 import argparse
@@ -27,6 +29,7 @@ from flashinfer_bench.bench.timing import time_runnable
 from prefill_bundle import HEAD_DIM, NUM_KV_HEADS
 from prefill_bundle.gpu_timing import host_us
 from prefill_bundle.testing import (
+    PaddedCase,
     PagedCase,
     RaggedCase,
     build_solution,
@@ -38,6 +41,7 @@ from prefill_bundle.testing import (
 from prefill_bundle.workloads import (
     FP8_K_SCALE,
     FP8_V_SCALE,
+    MINI_SHAPES,
     PAGED_BATCHES,
     RAGGED_BATCHES,
     SWA_BATCHES,
@@ -154,6 +158,19 @@ def fp8_rows(names: list) -> list:
     return rows
 
 
+def mini_rows(names: list) -> list:
+    """The padded definition's workloads: every backend's call."""
+    shapes = {shape.name: shape for shape in MINI_SHAPES}
+    runnables = {f"{b}_mini": build_solution(f"{b}_mini") for b in BACKENDS}
+    rows = []
+    for name in names:
+        shape = shapes[name]
+        case = PaddedCase(shape.batch, shape.seq_q, shape.seq_kv, shape.causal)
+        inputs = make_inputs(case, "cuda", seed=0)
+        rows += timed_calls(runnables, inputs, poisoned_outputs(case, inputs), name)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     batches = {batch.name: batch for batch in RAGGED_BATCHES + SWA_BATCHES}
@@ -163,7 +180,12 @@ def main():
                         choices=[batch.name for batch in PAGED_BATCHES])  # fmt: skip
     parser.add_argument("--fp8", nargs="+", metavar="NAME",
                         choices=[batch.name for batch in PAGED_BATCHES])  # fmt: skip
+    parser.add_argument("--mini", nargs="+", metavar="NAME",
+                        choices=[shape.name for shape in MINI_SHAPES])  # fmt: skip
     options = parser.parse_args()
+    if options.mini:
+        print_rows(mini_rows(options.mini))
+        return
     if options.fp8:
         print_rows(fp8_rows(options.fp8))
         return

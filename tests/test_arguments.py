@@ -89,6 +89,7 @@ PADDED_ERRORS = {
     "k_head_dim_strided": ("k", dict(k=transposed(2, 5, 8, 128))),
     "k_batch_stride_uneven": ("k", dict(k=tensor(2, 6, 8, 128)[:, :5])),
     "out_not_contiguous": ("out", dict(out=transposed(2, 3, 32, 128))),
+    "out_misaligned": ("out", dict(out=tensor(2 * 3 * 32 * 128 + 4)[4:].view(2, 3, 32, 128))),
 }
 
 RAGGED_ERRORS = {
@@ -389,6 +390,7 @@ def planned_error_cases(backend: str) -> list:
     """(definition, valid arguments, changes -> arguments, its error cases) for every planned
     definition the backend serves."""
     cases = [
+        ("mini", padded_args(), padded_args, PADDED_ERRORS.values()),
         ("ragged", ragged_args(), ragged_args, RAGGED_ERRORS.values()),
         ("swa", swa_args(), swa_args, RAGGED_ERRORS.values()),
     ]
@@ -412,13 +414,15 @@ def test_errors_once_the_shape_is_planned(backend):
     stays NaN."""
     for definition, valid, arguments_with, errors in planned_error_cases(backend):
         entry(backend, definition)(*valid)
+        # The padded definition's out is its last argument; the others end in output, lse.
+        name, index = ("out", -1) if definition == "mini" else ("output", -2)
         for argument, changes in errors:
             args = arguments_with(**changes)
-            output = args[-2]
-            if "output" not in changes:
+            output = args[index]
+            if name not in changes:
                 output.fill_(float("nan"))
             assert_rejected(backend, definition, args, argument)
-            if "output" not in changes:
+            if name not in changes:
                 assert bool(output.isnan().all()), f"{definition}: {argument} launched"
 
 

@@ -273,53 +273,64 @@ def _lone_token(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _plan_padded(q, k, v, out) -> tuple:
-    """Check shapes, dtypes and layout (once per key) and build the launch's fixed tensors and
-    the token strides of q, k and v (the kernel sees [rows, heads, 128] at that stride)."""
+    """Check shapes, dtypes and layout (once per key) and build the launch's fixed tensors: the
+    kernels by causal flag (compiled on first use), indptr tensors, a scratch lse, the token
+    strides of q, k and v (the kernel sees [rows, heads, 128] at that stride) and whether the
+    launch draws its items in L2 sections. None for a batch with nothing to launch (no row, or
+    no key: its rows get 0), whose calls run these checks each time (no main checks them)."""
     batch, seq_q, seq_kv = check_padded_shapes(q, k, v, out)
     check_layout(PADDED_NAMES, (q, k, v, out))
+    if batch == 0 or seq_q == 0 or seq_kv == 0:
+        return None
     seqs = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     lse = torch.empty(batch * seq_q, NUM_HEADS, dtype=torch.float32, device=q.device)
     strides = tuple((token_stride(x), HEAD_DIM, 1) for x in (q, k, v))
-    return q.dtype, seqs * seq_q, seqs * seq_kv, lse, strides
+    return {}, seqs * seq_q, seqs * seq_kv, lse, strides, long_keys_launch(seq_kv, 1)
 
 
 def run_padded(q, k, v, causal, out):
     """q [batch, seq_q, 32, 128], k/v [batch, seq_kv, 8, 128] (float16 or bfloat16), causal
     (bottom-right aligned) -> out [batch, seq_q, 32, 128], written in place."""
     causal = check_causal(causal)
+    tensors = (q, k, v, out)
     try:
+        # The views below need every shape and stride; the other dtypes and devices are left
+        # to the kernel's main, as in the ragged plans, and the alignment checked here.
         key = (q.shape, k.shape, v.shape, out.shape, q.stride(), k.stride(), v.stride(),
-               out.stride(), q.dtype, k.dtype, v.dtype, out.dtype, q.get_device())  # fmt: skip
+               out.stride(), q.dtype, q.get_device())  # fmt: skip
         plan = _padded_plans.lookup(key)
+        if plan is not None and misaligned(*tensors):
+            plan = None  # the plan's checks name it
     except (AttributeError, TypeError):  # not a tensor
         key = plan = None
     if plan is None:
-        plan = _plan_padded(q, k, v, out)  # raises ValueError on a bad argument
+        plan = _plan_padded(*tensors)  # raises ValueError on a bad argument
+        if plan is None:  # nothing to launch; checked on every call
+            if q.shape[0] and q.shape[1]:
+                out.zero_()  # no query sees a key (no indptr here: no row is malformed)
+            return
         if key is not None:
             _padded_plans.store(key, plan)
-    else:
-        check_placement(PADDED_NAMES, (q, k, v, out))
-    dtype, qo_indptr, kv_indptr, lse, (q_strides, k_strides, v_strides) = plan
-    batch, seq_q, seq_kv = q.shape[0], q.shape[1], k.shape[1]
-    if batch == 0 or seq_q == 0:
-        return
-    if seq_kv == 0:  # no query sees a key (no indptr here: no row is malformed)
-        out.zero_()
-        return
-    total_q, total_kv = batch * seq_q, batch * seq_kv
-    device = q.get_device()
-    _kernel(dtype, causal, device, long_keys=long_keys_launch(seq_kv, 1))(
-        q.as_strided((total_q, NUM_HEADS, HEAD_DIM), q_strides),
-        k.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), k_strides),
-        v.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), v_strides),
-        qo_indptr,
-        kv_indptr,
-        total_kv,
-        HEAD_DIM**-0.5,
-        out.view(total_q, NUM_HEADS, HEAD_DIM),
-        lse,
-        _scheduler(device),
-    )
+    kernels, qo_indptr, kv_indptr, lse, (q_strides, k_strides, v_strides), long_keys = plan
+    kernel = kernels.get(causal)
+    if kernel is None:
+        kernel = kernels[causal] = _kernel(q.dtype, causal, q.get_device(), long_keys=long_keys)
+    total_q, total_kv = q.shape[0] * q.shape[1], k.shape[0] * k.shape[1]
+    try:
+        kernel(
+            q.as_strided((total_q, NUM_HEADS, HEAD_DIM), q_strides),
+            k.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), k_strides),
+            v.as_strided((total_kv, NUM_KV_HEADS, HEAD_DIM), v_strides),
+            qo_indptr,
+            kv_indptr,
+            total_kv,
+            HEAD_DIM**-0.5,
+            out.view(total_q, NUM_HEADS, HEAD_DIM),
+            lse,
+            _scheduler(q.get_device()),
+        )
+    except Exception as refusal:
+        _named_refusal(refusal, lambda: _plan_padded(*tensors))
 
 
 def _plan_ragged(window: bool, q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:

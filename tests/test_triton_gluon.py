@@ -2,6 +2,7 @@
 compiled for sm_90a without a GPU: what it must be to run at its measured speed. Its results
 are checked on the GPU by the shared test matrix (run_padded takes it on sm_90)."""
 
+import functools
 import os
 import re
 import subprocess
@@ -589,9 +590,8 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
                               config=module._GLUON_FALLBACK)  # fmt: skip
     plan = module.GluonRaggedPlan((2, ga.ragged_grid(2, 1000, 132), fa2, {}, False))
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse)
-    (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
-        launches
-    )
+    (kernel, grid, constexprs, _, _, args), (fa2_kernel, fa2_grid, fa2_constexprs, _, _,
+                                             fa2_args) = launches  # fmt: skip
     assert kernel is ga.gluon_ragged_fwd and constexprs() == dict(ga.CONSTEXPRS, WINDOW=False)
     # items: (1000 // 128 + 2) slots x 32 heads = 288 -> 132 CTAs
     assert grid == (132,) and ga.ragged_grid(1, 100, 132) == (32,)
@@ -607,6 +607,8 @@ def test_gluon_ragged_launch_glue_on_the_host(monkeypatch):
     assert args[-1] is ga.item_counter(q.device) and args[-1].tolist() == [0, 0]
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
     assert not fa2_constexprs()["WINDOW"]
+    # One wave: 16 x 8 programs (one an SM of 132) for the 1000 // 64 + 2 = 17 slots.
+    assert fa2_grid == (16, 8)
     assert fa2_args[:7] == (q, k, v, output, lse, qo_indptr, kv_indptr)
     assert fa2_args[-1] is None
 
@@ -648,9 +650,8 @@ def test_gluon_paged_launch_glue_on_the_host(monkeypatch):
     launches = []
     monkeypatch.setattr(module, "_cached_launch", lambda *call: launches.append(call))
     module.launch_paged(plan, q, k_cache, v_cache, *tables, sm_scale, output, lse)
-    (kernel, grid, constexprs, _, _, args), (fa2_kernel, _, fa2_constexprs, _, _, fa2_args) = (
-        launches
-    )
+    (kernel, grid, constexprs, _, _, args), (fa2_kernel, fa2_grid, fa2_constexprs, _, _,
+                                             fa2_args) = launches  # fmt: skip
     ga = module.gluon_attention
     assert kernel is ga.gluon_paged_fwd and constexprs() == ga.CONSTEXPRS
     assert grid == ga.ragged_grid(2, 1000, module._sm_count(q.device))
@@ -666,37 +667,94 @@ def test_gluon_paged_launch_glue_on_the_host(monkeypatch):
                         kv_indices.shape[0], pages, 128, 128, 4096, sm_scale * module.LOG2_E,
                         0, ga.item_counter(q.device))  # fmt: skip
     assert fa2_kernel is module.gqa_prefill_fwd and fa2_constexprs()["MALFORMED_ONLY"]
+    assert fa2_grid == (16, 8)  # one wave for 17 slots, as the ragged plan's
     assert fa2_args[:9] == (q, k_cache, v_cache, output, lse, *tables)
+
+
+def test_the_malformed_only_grid_is_one_wave():
+    """_GLUON_FALLBACK's grid: at most one program an SM over its 8 head blocks (a program takes
+    a whole SM: 255 registers x 8 warps), however many slots the batch has; fewer slots, one
+    program a slot. 8 x 2048 tokens: 16 x 8 programs for 264 slots (was 264 x 8)."""
+    module = entry_module("triton_ragged")
+    cpu = torch.device("cpu")  # _sm_count: an H100's 132
+    grid = functools.partial(module._malformed_only_grid, device=cpu)
+    assert grid((2048 * 8 // 64 + 8, 8)) == (16, 8) and 16 * 8 <= module._sm_count(cpu)
+    assert grid((17, 8)) == (16, 8) and grid((5, 8)) == (5, 8) and grid((0, 8)) == (0, 8)
+
+
+def _malformed_only_runs(module, monkeypatch, plan_and_launch, q) -> list:
+    """The MALFORMED_ONLY plan of plan_and_launch(output, lse) (which returns the plan) on 16
+    SMs (2 x 8 programs, each running several slots of a batch of 4 slots) and on enough SMs for
+    a program a slot (the full grid, as before it was looped): [(grid, [output, lse])] each, the
+    outputs filled with -7 first (rows left unwritten show)."""
+    runs = []
+    for sms in (16, 10**4):
+        monkeypatch.setattr(module, "_sm_count", lambda device, sms=sms: sms)
+        output = torch.full_like(q, -7.0)
+        lse = torch.full(q.shape[:2], -7.0, device=q.device)
+        plan = plan_and_launch(output, lse)
+        runs.append((plan[0], [output, lse]))
+    (looped_grid, looped), (full_grid, full) = runs
+    assert looped_grid == (2, 8) and full_grid == (4, 8)  # 100 // 64 + 3 slots
+    for got, want in zip(looped, full):  # the same rows, bit for bit
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    return looped
+
 
 @pytest.mark.parametrize("window_left", [None, 7])
 def test_the_malformed_only_plan_leaves_a_partition_alone_and_takes_a_malformed_batch(
-    window_left,
+    window_left, monkeypatch
 ):
     """The FA-2 plan that follows the Gluon kernel (_GLUON_FALLBACK, run here on its own: on
-    the CPU under the interpreter, on the GPU compiled): on a well-formed batch its programs
-    decide before anything else and write nothing (the poison stays); on a malformed one they
-    do what the FA-2 kernel always does (well-formed sequences computed, other rows NaN)."""
+    the CPU under the interpreter, on the GPU compiled), on a grid of fewer programs than slots:
+    on a well-formed batch its programs decide before anything else and write nothing (the
+    poison stays); on a malformed one each program runs several slots, doing what the full
+    grid's program of each does (well-formed sequences computed, other rows NaN), bit for bit."""
     module = entry_module("triton_ragged")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     window = window_left is not None
+    monkeypatch.setattr(module, "_sm_count", lambda device: 16)
 
-    def run_alone(inputs):
+    def plan_and_launch(inputs, output, lse):
         q, k, v, qo_indptr, kv_indptr, *_, sm_scale = inputs
-        output, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
         plan = module._plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse,
                                    config=module._GLUON_FALLBACK, window=window)  # fmt: skip
         module.launch_ragged(plan, q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse,
                              window_left)  # fmt: skip
-        return output, lse
+        return plan
 
-    output, lse = run_alone(make_inputs(RaggedCase((30, 70), (50, 90), window_left=window_left),
-                                        device, seed=2))  # fmt: skip
+    inputs = make_inputs(RaggedCase((30, 70), (50, 90), window_left=window_left), device, seed=2)
+    output, lse = torch.full_like(inputs[0], -7.0), torch.full((100, 32), -7.0, device=device)
+    assert plan_and_launch(inputs, output, lse)[0] == (2, 8)  # 2 programs for 100 // 64 + 2 slots
     assert (output == -7.0).all() and (lse == -7.0).all()
 
-    batch = MALFORMED_SWA_BATCHES[0] if window else MALFORMED_BATCHES[0]  # kv past its end
-    inputs = malformed_inputs(batch, device, seed=3)
-    output, lse = run_alone(inputs)
-    check_malformed_outputs([output, lse], malformed_expected(batch, inputs))
+    for batch in (MALFORMED_SWA_BATCHES if window else MALFORMED_BATCHES)[::5]:
+        inputs = malformed_inputs(batch, device, seed=3)
+        looped = _malformed_only_runs(module, monkeypatch,
+                                      lambda *outputs: plan_and_launch(inputs, *outputs),
+                                      inputs[0])  # fmt: skip
+        check_malformed_outputs(looped, malformed_expected(batch, inputs))
+
+
+@pytest.mark.parametrize("name", ["kv_indptr_negative_length", "all_garbage"])
+def test_the_malformed_only_paged_plan_runs_several_slots_a_program(name, monkeypatch):
+    """The paged FA-2 plan that follows gluon_paged_fwd (page size 64), alone, on a malformed
+    batch (indptr not a partition), 2 x 8 programs for 4 slots: what the full grid computes,
+    bit for bit, and what the contract says."""
+    module = entry_module("triton_paged_ps64")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batch, = (b for b in MALFORMED_PAGED_BATCHES if b.page_size == 64 and b.name == name)
+    inputs = malformed_paged_inputs(batch, device, seed=4)
+    q, k_cache, v_cache, *tables, sm_scale = inputs
+
+    def plan_and_launch(output, lse):
+        tensors = (q, k_cache, v_cache, *tables, output, lse)
+        plan = module._plan_paged(64, tensors, config=module._GLUON_FALLBACK)
+        module.launch_paged(plan, q, k_cache, v_cache, *tables, sm_scale, output, lse)
+        return plan
+
+    looped = _malformed_only_runs(module, monkeypatch, plan_and_launch, q)
+    check_malformed_paged_outputs(looped, malformed_paged_expected(batch, inputs))
 
 
 def test_gluon_takes_window_plans_from_gluon_min_window(monkeypatch):

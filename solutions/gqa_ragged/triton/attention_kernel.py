@@ -130,7 +130,7 @@ def gqa_prefill_fwd(
     # FP8 caches with bf16 q: Q K^T as two e4m3 products on K as read (split_q_fp8)
     FP8_QK: tl.constexpr = False,
     # Ragged: run only when the indptr arrays are not a partition (after the Gluon kernel,
-    # which computes well-formed batches and leaves the others to this one).
+    # which computes well-formed batches and leaves the others to this one), on one wave.
     MALFORMED_ONLY: tl.constexpr = False,
 ):
     GROUP_SIZE: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -152,17 +152,66 @@ def gqa_prefill_fwd(
         out += split * seq_q * (NUM_HEADS * HEAD_DIM)
         lse += split * seq_q * NUM_HEADS
 
+    if MALFORMED_ONLY:
+        # A grid of one wave (_malformed_only_grid), decided first: on a partition (every call
+        # but a malformed one) this scan is the launch's whole cost. Otherwise each program
+        # runs the full grid's slots pid, pid + nprog, ..., each as that grid's program did.
+        tl.static_assert(RAGGED and KV_SPLITS == 1, "malformed only: ragged, no split-KV")
+        if is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv):
+            return
+        num_slots = seq_q // TOKENS_PER_TILE + num_seqs
+        for own_slot in range(slot, num_slots, tl.num_programs(0)):
+            first_token, q_len, q_start, kv_start, kv_len, poison_from = _slot_tile(
+                own_slot, num_slots, out, lse, qo_indptr, kv_indptr, kv_last_page_len, num_seqs,
+                seq_q, seq_kv, first_head, PAGE_SIZE=PAGE_SIZE, NUM_HEADS=NUM_HEADS,
+                HEAD_DIM=HEAD_DIM, HEADS_PER_TILE=HEADS_PER_TILE, TOKENS_PER_TILE=TOKENS_PER_TILE,
+                CAUSAL=CAUSAL, RAGGED=RAGGED, WRITE_LSE=WRITE_LSE,
+            )  # fmt: skip
+            if first_token < q_len and first_token >= 0:  # as the return below
+                _attend_tile(
+                    first_token, q_len, q_start, kv_start, kv_len, poison_from, first_head,
+                    kv_head, q, k, v, out, lse, kv_indices, num_pages, qk_scale, v_scale,
+                    window_left, Q_TOKEN_STRIDE, K_TOKEN_STRIDE, V_TOKEN_STRIDE, PAGE_SIZE,
+                    K_PAGE_STRIDE, V_PAGE_STRIDE, NUM_HEADS, HEAD_DIM, HEADS_PER_TILE, BLOCK_M,
+                    BLOCK_N, ROW_BLOCKS, CAUSAL, WINDOW, RAGGED, WRITE_LSE, INTERPRETED, KV_SPLITS,
+                    FP8_QK,
+                )  # fmt: skip
+        return
+    first_token, q_len, q_start, kv_start, kv_len, poison_from = _slot_tile(
+        slot, tl.num_programs(0), out, lse, qo_indptr, kv_indptr, kv_last_page_len, num_seqs,
+        seq_q, seq_kv, first_head, PAGE_SIZE=PAGE_SIZE, NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM,
+        HEADS_PER_TILE=HEADS_PER_TILE, TOKENS_PER_TILE=TOKENS_PER_TILE, CAUSAL=CAUSAL,
+        RAGGED=RAGGED, WRITE_LSE=WRITE_LSE,
+    )  # fmt: skip
+    if first_token >= q_len or first_token < 0:  # a spare slot, or a malformed sequence
+        return
+    _attend_tile(
+        first_token, q_len, q_start, kv_start, kv_len, poison_from, first_head, kv_head, q, k, v,
+        out, lse, kv_indices, num_pages, qk_scale, v_scale, window_left, Q_TOKEN_STRIDE,
+        K_TOKEN_STRIDE, V_TOKEN_STRIDE, PAGE_SIZE, K_PAGE_STRIDE, V_PAGE_STRIDE, NUM_HEADS,
+        HEAD_DIM, HEADS_PER_TILE, BLOCK_M, BLOCK_N, ROW_BLOCKS, CAUSAL, WINDOW, RAGGED, WRITE_LSE,
+        INTERPRETED, KV_SPLITS, FP8_QK,
+    )  # fmt: skip
+
+
+@triton.jit
+def _slot_tile(
+    slot, num_slots, out, lse, qo_indptr, kv_indptr, kv_last_page_len, num_seqs, seq_q, seq_kv,
+    first_head, PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr, TOKENS_PER_TILE: tl.constexpr, CAUSAL: tl.constexpr,
+    RAGGED: tl.constexpr, WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    """(first_token, q_len, q_start, kv_start, kv_len, poison_from) of the query tile that grid
+    slot `slot` of num_slots owns: its first token in its sequence, which has q_len queries
+    (0 if not computed) from flat row q_start and kv_len keys from kv_start (int64), from key
+    poison_from on poisoned (paged K/V; else kv_len, none). A malformed batch's rows that no
+    well-formed sequence covers are poisoned here. gqa_prefill_fwd's other arguments."""
     # Which sequence and which query tile of it this program owns. Under a causal mask the last
     # tiles of a sequence see the most keys, so slots run backwards: the longest programs start
     # first instead of straggling in the last wave.
     if RAGGED:
-        if MALFORMED_ONLY:
-            # Decided first: on a partition (every call but a malformed one) this scan is the
-            # program's whole cost, thousands of programs a launch.
-            if is_partition(qo_indptr, kv_indptr, num_seqs, seq_q, seq_kv):
-                return
         if CAUSAL:
-            slot = tl.num_programs(0) - 1 - slot
+            slot = num_slots - 1 - slot
         seq = find_sequence(qo_indptr, slot, num_seqs, TOKENS_PER_TILE=TOKENS_PER_TILE)
         # Malformed indptr (see ragged_batch.py): rows no well-formed sequence covers become
         # NaN, and only well-formed sequences are computed, so nothing is read out of bounds.
@@ -197,9 +246,26 @@ def gqa_prefill_fwd(
         kv_len = seq_kv
         q_start = seq.to(tl.int64) * seq_q
         kv_start = seq.to(tl.int64) * seq_kv
-    first_token = tile * TOKENS_PER_TILE
-    if first_token >= q_len or first_token < 0:  # a spare slot, or a malformed sequence
-        return
+    if PAGE_SIZE == 0:
+        poison_from = kv_len  # unused
+    return tile * TOKENS_PER_TILE, q_len, q_start, kv_start, kv_len, poison_from
+
+
+@triton.jit
+def _attend_tile(
+    first_token, q_len, q_start, kv_start, kv_len, poison_from, first_head, kv_head, q, k, v,
+    out, lse, kv_indices, num_pages, qk_scale, v_scale, window_left,
+    Q_TOKEN_STRIDE: tl.constexpr, K_TOKEN_STRIDE: tl.constexpr, V_TOKEN_STRIDE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, K_PAGE_STRIDE: tl.constexpr, V_PAGE_STRIDE: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BLOCKS: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr, RAGGED: tl.constexpr, WRITE_LSE: tl.constexpr,
+    INTERPRETED: tl.constexpr, KV_SPLITS: tl.constexpr, FP8_QK: tl.constexpr,
+):  # fmt: skip
+    """The attention of one query tile (_slot_tile's, first_token < q_len) for HEADS_PER_TILE
+    query heads from first_head on, of KV head kv_head. gqa_prefill_fwd's other arguments."""
+    BLOCK_TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_TILE
+    TOKENS_PER_TILE: tl.constexpr = ROW_BLOCKS * BLOCK_TOKENS
 
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)

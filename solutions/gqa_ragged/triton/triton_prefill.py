@@ -323,6 +323,7 @@ def _plan_ragged(q, k, v, qo_indptr, kv_indptr, output, lse, config=None, window
     meta.setdefault("ROW_BLOCKS", 1)
     # total_q // T + batch slots cover every sequence's tiles (see find_sequence).
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
+    grid = _malformed_only_grid(grid, q.device) if meta.get("MALFORMED_ONLY") else grid
     meta.update(CAUSAL=True, WINDOW=window, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     meta.update(_strides(q, k, v), **CONTIGUOUS_KV)
     meta["KV_SPLITS"] = 1 if window or meta.get("MALFORMED_ONLY") else _plan_splits(
@@ -370,6 +371,7 @@ def _plan_paged(page_size, tensors, config=None, cache_dtype=None, gather=None) 
         # in flight (single-token rows 149 -> 128 us, H200; 4 stages 136). TUNING.md.
         meta["num_stages"] += 1
     grid = (total_q // _tokens_per_tile(meta) + batch, NUM_HEADS // meta["HEADS_PER_TILE"])
+    grid = _malformed_only_grid(grid, q.device) if meta.get("MALFORMED_ONLY") else grid
     meta.update(CAUSAL=True, WINDOW=False, RAGGED=True, WRITE_LSE=True, INTERPRETED=INTERPRET)
     # FP8 caches under bf16 q: Q K^T on K as read, q split in two e4m3 terms (split_q_fp8;
     # float16 q's 11 bits would not fit two terms, and its conversion is one cvt a pair), on
@@ -476,11 +478,23 @@ def _gluon_suits(q, k, v, out, batch, total_kv, window=False) -> bool:
 
 # The FA-2 plan that follows the Gluon kernel: malformed batches only (it poisons rows and
 # computes the well-formed sequences of a malformed batch). On every other batch each program
-# scans indptr and returns, so its launch costs waves of programs: paired 64-token tiles make
+# scans indptr and returns, so its launch costs waves of programs: paired 64-token tiles made
 # 4x fewer than 16-token ones (H100, kernel time with the verdict before the search: 8 x 2048
-# 22.6 -> 11.1 us, 4 x 1-3K 12.5 -> 7.5, one 2K chunk 6.5 -> 5.0; triton/TUNING.md).
+# 22.6 -> 11.1 us, 4 x 1-3K 12.5 -> 7.5, one 2K chunk 6.5 -> 5.0; triton/TUNING.md), and its
+# grid is now one wave (_malformed_only_grid).
 _GLUON_FALLBACK = dict(HEADS_PER_TILE=4, BLOCK_M=128, BLOCK_N=64, ROW_BLOCKS=2, num_warps=8,
                        num_stages=3, MALFORMED_ONLY=True)  # fmt: skip
+
+
+def _malformed_only_grid(grid: tuple, device) -> tuple:
+    """A MALFORMED_ONLY plan's grid: one wave. On a well-formed batch its programs only scan
+    indptr and return, so the launch costs what its waves do; a program takes a whole SM (8
+    warps at 255 registers, 160 KB of shared memory), so at most one an SM across the head
+    blocks of axis 1 (16 x 8 on an H100's or H200's 132 SMs). On a malformed batch each program
+    runs its share of the full grid's slots in turn (gqa_prefill_fwd): slower, but that batch
+    is the caller's error."""
+    slots, head_blocks = grid
+    return min(slots, max(1, _sm_count(device) // head_blocks)), head_blocks
 
 
 def _gluon_plan(q, k, v, causal, out, batch, seq_q, seq_kv):

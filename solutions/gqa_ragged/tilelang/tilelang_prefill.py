@@ -90,12 +90,12 @@ _merge_kernels = {}  # dtype -> split-KV's compiled merge
 _gather_kernels = {}  # dtype -> page size 1's compiled page gather
 _decode_kernels = {}  # dtype -> the FP8 decode program (gqa_prefill_decode.decode_fp8)
 _merge_decode_kernels = {}  # dtype -> its merge (gqa_prefill_decode.merge_decode)
-# A plan holds what the launch needs beyond the arguments: padded (dtype, qo_indptr, kv_indptr,
-# scratch lse, token strides), ragged (kernel, K/V stand-in for a batch without keys, or None).
-# The padded plans are keyed by every tensor's shape, strides and dtype (the plan's strides view
-# them). The ragged and paged ones are keyed by what the plan depends on and what a call may
-# restride or replace by a stand-in (q, K, V and kv_indices: shapes, strides, dtypes) and the
-# device; the kernels' tvm-ffi mains check every argument they get (dtype, rank, shape against
+# A plan holds what the launch needs beyond the arguments: padded (kernels by causal flag,
+# qo_indptr, kv_indptr, scratch lse, token strides, long_keys), ragged (kernel, K/V stand-in for
+# a batch without keys, or None). The padded plans are keyed by every tensor's shape and strides
+# (the plan's strides view them), q's dtype and device. The ragged and paged ones are keyed by
+# what the plan depends on and what a call may restride or replace by a stand-in (q, K, V and
+# kv_indices: shapes, strides, dtypes) and the device; the kernels' tvm-ffi mains check every argument they get (dtype, rank, shape against
 # the others, strides, device: TVM's generated checks, before any launch) on every call, and a
 # call checks only the data pointers' alignment in Python (~2.4 us of host time a call less
 # than keying and placing every tensor, measured on the CPU). A main that refuses an argument

@@ -95,11 +95,12 @@ _merge_decode_kernels = {}  # dtype -> its merge (gqa_prefill_decode.merge_decod
 # a batch without keys, or None). The padded plans are keyed by every tensor's shape and strides
 # (the plan's strides view them), q's dtype and device. The ragged and paged ones are keyed by
 # what the plan depends on and what a call may restride or replace by a stand-in (q, K, V and
-# kv_indices: shapes, strides, dtypes) and the device; the kernels' tvm-ffi mains check every argument they get (dtype, rank, shape against
-# the others, strides, device: TVM's generated checks, before any launch) on every call, and a
-# call checks only the data pointers' alignment in Python (~2.4 us of host time a call less
-# than keying and placing every tensor, measured on the CPU). A main that refuses an argument
-# has the contract's checks run to name it (_named_refusal).
+# kv_indices: shapes, strides, dtypes) and the device. The kernels' tvm-ffi mains check every
+# argument they get (dtype, rank, shape against the others, strides, device: TVM's generated
+# checks, before any launch) on every call, and a call checks only the data pointers' alignment
+# in Python (~2.4 us of host time a call less than keying and placing every tensor, measured on
+# the CPU). A main that refuses an argument has the contract's checks run to name it
+# (_named_refusal).
 _padded_plans = PlanCache()
 _ragged_plans = PlanCache()
 _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel

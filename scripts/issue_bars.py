@@ -6,6 +6,9 @@ scripts/report.py` to judge an H100 run.
 
     python scripts/issue_bars.py            # every bar
     python scripts/issue_bars.py --failing  # only what is missed
+    python scripts/issue_bars.py --failing --traces RUN/traces   # another run's traces, judged
+        # beside the committed ones (a rehearsal on another GPU, or a run not committed yet):
+        # each definition with a .jsonl under RUN/traces is judged on that run's traces alone
 
 The bars as the issues state them (the pairing and kernel-time bars come from their own
 scripts: paged_vs_ragged.py, window_vs_causal.py, fp8_vs_bf16.py, long_shapes.py):
@@ -21,8 +24,10 @@ scripts: paged_vs_ragged.py, window_vs_causal.py, fp8_vs_bf16.py, long_shapes.py
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
-from flashinfer_bench import TraceSet
+from flashinfer_bench import Trace, TraceSet
+from flashinfer_bench.data import load_jsonl_file
 
 from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
@@ -105,19 +110,48 @@ def checks(trace_set: TraceSet) -> tuple:
     return found, failed
 
 
+def with_run(trace_set: TraceSet, folder: Path) -> TraceSet:
+    """The same TraceSet with each definition that has a .jsonl under `folder` (a copy of some
+    run's traces/) taking that run's traces in place of the committed ones."""
+    run, seen = {}, set()
+    for path in sorted(folder.rglob("*.jsonl")):
+        for t in load_jsonl_file(Trace, path):
+            key = (t.definition, t.workload.uuid, t.solution)
+            if key in seen:  # two runs in one folder: which one is judged would be arbitrary
+                raise SystemExit(f"issue_bars.py: {key} twice under {folder}")
+            seen.add(key)
+            run.setdefault(t.definition, []).append(t)
+    if not run:
+        raise SystemExit(f"issue_bars.py: no .jsonl traces under {folder}")
+    unknown = set(run) - set(trace_set.definitions)
+    if unknown:
+        raise SystemExit(f"issue_bars.py: traces for unknown definitions {sorted(unknown)}")
+    trace_set.traces.update(run)
+    return trace_set
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--failing", action="store_true", help="only the bars missed")
+    parser.add_argument("--traces", type=Path, metavar="DIR",
+                        help="judge another run's traces (a copy of its traces/), with the "
+                             "committed ratio in brackets")  # fmt: skip
     args = parser.parse_args()
     found, failed = checks(TraceSet.from_path(str(REPO_ROOT)))
+    committed = {(c.issue, c.definition, c.workload, c.solution, c.bar): c.ratio for c in found}
+    if args.traces is not None:
+        found, failed = checks(with_run(TraceSet.from_path(str(REPO_ROOT)), args.traces))
     for t in failed:
         print("NOT PASSED: {} / {} / {}: {}".format(*t))
     for c in sorted(found, key=lambda c: (c.ok, c.issue, c.definition, c.workload, c.solution)):
         if args.failing and c.ok:
             continue
         verdict = "ok  " if c.ok else "FAIL"
+        before = committed.get((c.issue, c.definition, c.workload, c.solution, c.bar))
+        was = "" if args.traces is None else "  [committed: " + (
+            "none]" if before is None else f"{before:.3f}]")  # fmt: skip
         print(f"{verdict} #{c.issue} {c.definition:45s} {c.workload:40s} {c.solution:22s} "
-              f"{c.ratio:6.3f} (bar {c.bar})")  # fmt: skip
+              f"{c.ratio:6.3f} (bar {c.bar}){was}")  # fmt: skip
     for issue in sorted({c.issue for c in found}):
         mine = [c for c in found if c.issue == issue]
         print(f"issue {issue}: {sum(c.ok for c in mine)} of {len(mine)} bars met")

@@ -54,6 +54,41 @@ def test_ratios_are_report_mds():
         assert c.ok == (c.ratio >= c.bar)
 
 
+def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path):
+    """issue_bars.py --traces: the definitions a run's folder holds are judged on its traces
+    alone (here the committed window traces with FlashInfer's chunk latency doubled, so every
+    backend's ratio on that row doubles), every other definition on the committed ones; one
+    folder with a trace twice, or with an unknown definition, is refused."""
+    import json
+
+    import pytest
+
+    committed = TraceSet.from_path(str(REPO_ROOT))
+    before = {(c.definition, c.workload, c.solution, c.bar): c.ratio
+              for c in bars_script.checks(committed)[0]}  # fmt: skip
+    lines = []
+    for t in committed.traces[SWA]:
+        record = t.model_dump(mode="json")
+        if record["solution"] == "flashinfer_swa":
+            record["evaluation"]["performance"]["latency_ms"] *= 2
+        lines.append(json.dumps(record))
+    (tmp_path / "gqa_ragged").mkdir()
+    (tmp_path / "gqa_ragged" / f"{SWA}.jsonl").write_text("\n".join(lines) + "\n")
+    run = bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    after = {(c.definition, c.workload, c.solution, c.bar): c.ratio
+             for c in bars_script.checks(run)[0]}  # fmt: skip
+    assert after.keys() == before.keys()
+    for key, ratio in after.items():
+        expected = 2 * before[key] if key[0] == SWA else before[key]
+        assert abs(ratio - expected) < 1e-9 * expected, key
+    (tmp_path / "again.jsonl").write_text(lines[0] + "\n")
+    with pytest.raises(SystemExit, match="twice"):
+        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    (tmp_path / "again.jsonl").write_text(lines[0].replace(SWA, "no_such_definition") + "\n")
+    with pytest.raises(SystemExit, match="unknown definitions"):
+        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+
+
 def test_item_balance_counts_the_kernels_items():
     """scripts/item_balance.py: one work entry per item the Gluon kernels number (slots x 32
     heads, spare slots 0), key tiles + 1 each; equal items balance alike either way, and a

@@ -3,7 +3,11 @@ idle GPU (synchronize, L2 flushed, event, call, event): the host's work up to th
 kernel started cold are on its clock. Per solution, median of 30 calls, the time from an event
 to the kernel's end with the call made cold (host on the clock), and with the host's work hidden
 behind a GPU sleep of 30, 150 and 1000 us first; with and without the L2 flush; against do_bench
-(kernels back to back). TileLang's TUNING.md, "Plans keyed by less", has a table of it.
+(kernels back to back). TileLang's TUNING.md, "Plans keyed by less", has a table of it. Last,
+flashinfer-bench's own timing as a trace takes it (time_runnable: the mean of 100 calls, each on
+fresh clones of the arguments) and the same with the same arguments every call: the clones'
+new tensors cost some backends more than others (TileLang's TUNING.md, "Page size 64's prefix
+hits against CUDA").
 
     python scripts/cold_call.py
     python scripts/cold_call.py --workloads prompt_8k --backends cuda tilelang
@@ -13,6 +17,8 @@ import argparse
 
 import torch
 import triton.testing
+from flashinfer_bench.bench.timing import do_bench as fib_do_bench
+from flashinfer_bench.bench.timing import time_runnable
 
 from prefill_bundle.testing import RaggedCase, build_solution, make_inputs, poisoned_outputs
 from prefill_bundle.workloads import RAGGED_BATCHES, SWA_BATCHES
@@ -64,7 +70,8 @@ def main():
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # as flashinfer-bench's
     cycles_per_us = sleep_cycles_per_us()
     print(f"sleep: {cycles_per_us:.0f} cycles/us; us, median of 30: do_bench | L2 flushed: cold,"
-          f" after a sleep of {', '.join(map(str, SLEEPS_US[1:]))} us | not flushed: the same")
+          f" after a sleep of {', '.join(map(str, SLEEPS_US[1:]))} us | not flushed: the same"
+          " | flashinfer-bench's mean of 100: on clones (as its traces), on the same arguments")
     for name in options.workloads:
         batch = batches[name]
         case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
@@ -79,7 +86,10 @@ def main():
                      for flush in (True, False) for sleep in SLEEPS_US]  # fmt: skip
             flushed = " ".join(f"{x:6.1f}" for x in cells[:4])
             unflushed = " ".join(f"{x:6.1f}" for x in cells[4:])
-            print(f"{name[:40]:40s} {backend:10s} {kernel:6.1f} | {flushed} | {unflushed}")
+            traced = time_runnable(fn, args, 10, 100, "cuda") * 1e3
+            same = fib_do_bench(lambda a: fn(*a), warmup=10, rep=100, setup=lambda: args) * 1e3
+            print(f"{name[:40]:40s} {backend:10s} {kernel:6.1f} | {flushed} | {unflushed} | "
+                  f"{traced:6.1f} {same:6.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

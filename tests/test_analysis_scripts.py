@@ -3,6 +3,9 @@ covers, and the ratios it judges, read from the committed traces the way report.
 item_balance.py (how the Gluon kernels' item orders load the CTAs), and the CPU-side pieces of
 the GPU scripts."""
 
+import json
+
+import pytest
 import torch
 from flashinfer_bench import TraceSet
 
@@ -56,13 +59,9 @@ def test_ratios_are_report_mds():
 
 def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path):
     """issue_bars.py --traces: the definitions a run's folder holds are judged on its traces
-    alone (here the committed window traces with FlashInfer's chunk latency doubled, so every
-    backend's ratio on that row doubles), every other definition on the committed ones; one
-    folder with a trace twice, or with an unknown definition, is refused."""
-    import json
-
-    import pytest
-
+    alone (here the committed window traces with FlashInfer's latencies doubled, so every ratio
+    of that definition doubles), every other definition on the committed ones; one folder with
+    a trace twice, or with an unknown definition, is refused."""
     committed = TraceSet.from_path(str(REPO_ROOT))
     before = {(c.definition, c.workload, c.solution, c.bar): c.ratio
               for c in bars_script.checks(committed)[0]}  # fmt: skip

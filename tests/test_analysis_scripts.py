@@ -60,8 +60,8 @@ def test_ratios_are_report_mds():
 def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path):
     """issue_bars.py --traces: the definitions a run's folder holds are judged on its traces
     alone (here the committed window traces with FlashInfer's latencies doubled, so every ratio
-    of that definition doubles), every other definition on the committed ones; one folder with
-    a trace twice, or with an unknown definition, is refused."""
+    of that definition doubles), every other definition on the committed ones; a folder with a
+    trace twice, with an unknown definition, or with no traces is refused."""
     committed = TraceSet.from_path(str(REPO_ROOT))
     before = {(c.definition, c.workload, c.solution, c.bar): c.ratio
               for c in bars_script.checks(committed)[0]}  # fmt: skip
@@ -86,6 +86,8 @@ def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path)
     (tmp_path / "again.jsonl").write_text(lines[0].replace(SWA, "no_such_definition") + "\n")
     with pytest.raises(SystemExit, match="unknown definitions"):
         bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    with pytest.raises(SystemExit, match="no .jsonl traces"):
+        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path / "gqa_paged")
 
 
 def test_item_balance_counts_the_kernels_items():

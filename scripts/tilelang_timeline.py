@@ -36,7 +36,7 @@ SLOTS = 16  # stamp slots a block
 MAX_BLOCKS = 132  # an H100's SMs: the persistent grid
 EVENTS = [
     "block start",
-    "first atomic add (producer)",
+    "first item drawn (producer)",
     "first item published (producer)",
     "first item received (consumers)",
     "Q landed",
@@ -113,8 +113,8 @@ def replacements() -> list:
          "prelude=stamp_prelude) as block:"),
         after("            scale_log2 = sm_scale * LOG2_E\n", stamp("block start", "tx == 0", 12)),
         # the producer: the first take, the next Q
-        after("                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)\n",
-              stamp("first atomic add (producer)", "fetched[0] == 0", 16)),
+        after("                    fetch[0] = block\n",
+              stamp("first item drawn (producer)", "fetched[0] == 0", 20)),
         ("        T.mbarrier_arrive(item_full[slot])\n        return item\n",
          "        T.mbarrier_arrive(item_full[slot])\n"
          + stamp("first item published (producer)",

@@ -18,11 +18,13 @@ from .gqa_prefill_steps import HAS_ITEM, HEAD, POISON_SLOT, Q_TILE, SEQ_Q, SHARE
 
 
 def item_steps(
-    steps, consumer_threads: int, loader_warps: int, persistent: bool, num_items, grid
-) -> tuple:
+    steps, consumer_threads: int, loader_warps: int, persistent: bool, num_items, grid,
+    num_sms: int,
+) -> tuple:  # fmt: skip
     """(LoadQ, FetchItem, ReceiveItem) of gqa_prefill_ws's program (its docstring: the
     schedule); consumer_threads: the producer warpgroup's first thread; loader_warps: the
-    producer warps that load K and V (the first takes the items)."""
+    producer warps that load K and V (the first takes the items); grid: min(num_items,
+    num_sms) blocks if persistent."""
     block_M, slot_of, Locate = steps.block_M, steps.slot_of, steps.Locate
     sectioned, DrawItem = steps.sectioned, steps.DrawItem
     # The fields read back from item_tile: Locate's and HAS_ITEM (not POISON_SLOT), and a
@@ -64,11 +66,18 @@ def item_steps(
         ) = hand  # fmt: skip
         T.mbarrier_wait_parity(item_empty[slot], ((fetched[0] // 2) & 1) ^ 1)
         if persistent:
-            # Dynamic schedule: the next item goes to the first block that asks (heaviest
-            # first), which balances unequal items. One lane asks, a shuffle tells the warp.
+            # Dynamic schedule: the grid's first items are its blocks' own (no atomic on a
+            # block's start, as CUDA's and Gluon's next_item); each later one goes to the
+            # first block that asks (heaviest first), which balances unequal items. One lane
+            # asks, a shuffle tells the warp.
+            # The counter's draws count from num_sms, a constant: with fewer items than SMs
+            # (grid = num_items) every draw is past the last item anyway.
             fetch[0] = 0
             if tx == consumer_threads:
-                fetch[0] = T.atomic_add(Scheduler[0], 1, return_prev=True)
+                if fetched[0] == 0:
+                    fetch[0] = block
+                else:
+                    fetch[0] = num_sms + T.atomic_add(Scheduler[0], 1, return_prev=True)
                 if sectioned:
                     DrawItem(fetch, kv)
             item = T.shfl_sync(fetch[0], 0)

@@ -47,9 +47,10 @@ def gqa_prefill_ws(
     shared buffer (item_full / item_empty barriers), so the consumers never wait for the sequence
     search: the loader warps fetch an item and produce its loads (FetchItem, ProduceItem), the
     consumers receive it, checked, and consume it (ReceiveItem, ConsumeItem); the hand-over
-    steps are gqa_prefill_items'. persistent: a grid of num_sms blocks; each producer takes the
-    next item from Scheduler[0] by atomic add (items run heaviest first, and the first block to
-    ask gets the next: it balances unequal items better than a static round robin), the last
+    steps are gqa_prefill_items'. persistent: a grid of num_sms blocks; each producer starts
+    on its block's own item and takes each later one from Scheduler[0] by atomic add (items
+    run heaviest first, and the first block to ask gets the next: it balances unequal items
+    better than a static round robin), the last
     block to finish zeroes Scheduler again for the next launch on that stream. The ring and Q's
     barriers run on across items, so the producer loads the next item's Q, K and V while the
     consumers finish the last P V and store the output (staged in its own shared buffer, so
@@ -132,7 +133,7 @@ def gqa_prefill_ws(
     # tiles) starts each item.
     StartItem = getattr(kv_source, "StartItem", None)
     LoadQ, FetchItem, ReceiveItem = item_steps(
-        steps, consumer_threads, loader_warps, persistent, num_items, grid
+        steps, consumer_threads, loader_warps, persistent, num_items, grid, num_sms
     )  # fmt: skip
 
     # FP8 caches with fp8_split_q (gqa_prefill_fp8): Q K^T in e4m3, Q as two terms (Q_hi, Q_lo)

@@ -45,6 +45,8 @@ TILELANG_SOURCES = (
     "gqa_prefill_pipelined.py",
     "gqa_prefill_split.py",
     "gqa_prefill_decode.py",
+    "fast_entry.py",
+    "fast_entry.cc",
 )
 CUDA_SOURCES = (
     "prefill_entry.cu",

@@ -12,7 +12,8 @@ no new shape or layout ever recompiles. q, k and v may be token-strided (slices 
 projection): the kernel reads them in place. The padded batch is viewed as a ragged one; its
 indptr tensors (and a scratch lse the padded definition does not return) are built once per
 shape. A call does no host sync and, past the first call of a shape, no allocation:
-flashinfer-bench times the whole call.
+flashinfer-bench times the whole call. Past that first call, a call with the same layouts goes
+through a C++ fast path (fast_entry.cc) straight to the planned kernel, without the Python below.
 
 The indptr values (and page ids, last-page lengths) are not read on the host (that would need a
 sync; PREFILL_BUNDLE_VALIDATE=1 does, to raise on bad ones): the kernel itself computes the
@@ -37,6 +38,7 @@ import os
 
 import torch
 
+from . import fast_entry
 from .arguments import (
     FP8_DTYPE,
     PADDED_NAMES,
@@ -125,7 +127,22 @@ def _scheduler(device: int):
     if counters is None:
         counters = torch.zeros(2, dtype=torch.int32, device=f"cuda:{device}")
         _schedulers[(device, stream)] = counters
+        fast_entry.register_counters(device, stream, counters)
     return counters
+
+
+def _register_fast(kind: int, main, tensors: tuple) -> None:
+    """After a call launched as the fast path would (the main alone, on the arguments as given,
+    a positive scale, the stream's own counters): the fast path takes the calls with these
+    layouts from now on (and is built by the first). Not with PREFILL_BUNDLE_VALIDATE (its
+    checks run in Python on every call), nor off the GPU, nor in a capture."""
+    q = tensors[0]
+    if VALIDATE or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    fast_entry.register_plan(kind, main, tensors)
+    device = q.get_device()
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    fast_entry.register_counters(device, stream, _schedulers[(device, stream)])
 
 
 def _workspace(device: int, rows: int) -> tuple:
@@ -354,6 +371,13 @@ def run_ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
     """q [total_q, 32, 128], k/v [total_kv, 8, 128] (bfloat16 or float16), qo_indptr/kv_indptr
     int32 [batch + 1], sm_scale (finite) -> output [total_q, 32, 128] and lse [total_q, 32] float32
     (base 2), written in place. Causal, bottom-right aligned per sequence."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.ragged(q, k, v, qo_indptr, kv_indptr, sm_scale, output, lse):
+                return
+        except Exception:  # the Python entry takes the call and names a bad argument
+            pass
     _run_ragged(None, q, k, v, qo_indptr, kv_indptr, check_sm_scale(sm_scale), output, lse)
 
 
@@ -362,6 +386,13 @@ def run_ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output,
     sees key j iff p - window_left <= j <= p; window_left -1 is no window. -1, and a window at
     least as long as all the keys (2**31 - 1 too), run the causal kernel: no key lies further
     left. Otherwise the window kernel visits only the key tiles of each query tile's band."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.ragged_swa(q, k, v, qo_indptr, kv_indptr, window_left, sm_scale, output, lse):
+                return
+        except Exception:  # as in run_ragged
+            pass
     window_left = check_window_left(window_left)
     sm_scale = check_sm_scale(sm_scale)
     keys = k.shape[0] if isinstance(k, torch.Tensor) and k.dim() == 3 else None  # else: raises
@@ -414,6 +445,9 @@ def _run_ragged(window_left, q, k, v, qo_indptr, kv_indptr, sm_scale, output, ls
         )  # fmt: skip
     except Exception as refusal:
         _named_refusal(refusal, lambda: _plan_ragged(windowed, *tensors))
+    as_given = q is tensors[0] and k is tensors[1] and v is tensors[2]  # no stand-in, restride
+    if keyless is None and as_given:
+        _register_fast(fast_entry.WINDOW if windowed else fast_entry.RAGGED, kernel, tensors)
 
 
 def _paged_arguments(page_size: int, tensors: tuple) -> tuple:
@@ -492,6 +526,14 @@ def run_paged_ps64(
     int32 [num_kv_indices] (page ids), kv_last_page_len int32 [batch], sm_scale (finite) ->
     output [total_q, 32, 128] and lse [total_q, 32] float32 (base 2), written in place. Causal,
     bottom-right aligned per sequence."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.paged_ps64(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                               kv_last_page_len, sm_scale, output, lse):  # fmt: skip
+                return
+        except Exception:  # as in run_ragged
+            pass
     _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                sm_scale, output, lse)  # fmt: skip
 
@@ -503,6 +545,15 @@ def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, 
     joins the softmax scale, v_scale multiplies the output in the kernel's epilogue (lse
     unchanged: fold_kv_scales). The kernel converts the FP8 V pages to q's dtype on chip, and K's
     under float16 q (bfloat16 q: Q K^T in e4m3 on K as stored, gqa_prefill_fp8's split)."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                                     kv_last_page_len, k_scale, v_scale, sm_scale, output,
+                                     lse):  # fmt: skip
+                return
+        except Exception:  # as in run_ragged
+            pass
     sm_scale, v_scale = fold_kv_scales(sm_scale, k_scale, v_scale)
     _run_paged(64, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                sm_scale, output, lse, v_scale)  # fmt: skip
@@ -511,6 +562,14 @@ def run_paged_ps64_fp8kv(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, 
 def run_paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
     """run_paged_ps64 for pages of one token, k_cache/v_cache [num_pages, 1, 8, 128], without
     kv_last_page_len."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.paged_ps1(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
+                              output, lse):  # fmt: skip
+                return
+        except Exception:  # as in run_ragged
+            pass
     _run_paged(1, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, None, sm_scale, output,
                lse)  # fmt: skip
 
@@ -554,6 +613,17 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                       kv_last_page_len, sm_scale, output, lse, v_scale)  # fmt: skip
     except Exception as refusal:
         _named_refusal(refusal, lambda: _plan_paged(page_size, tensors, fp8))
+    kernel, pageless, indexless, num_pages, _, merge, gather = plan
+    # The main alone, on the arguments as given (_launch_paged's stand-ins and restrides).
+    as_given = (total_q != 1 or _lone_token(q, NUM_HEADS) is q) and (
+        num_pages != 1 or (_one_page(k_cache) is k_cache and _one_page(v_cache) is v_cache)
+    )  # fmt: skip
+    if (pageless is None and indexless is None and merge is None and gather is None
+            and as_given and sm_scale > 0):  # fmt: skip
+        kind = fast_entry.PAGED_FP8 if fp8 else (
+            fast_entry.PAGED_64 if page_size == 64 else fast_entry.PAGED_1
+        )  # fmt: skip
+        _register_fast(kind, kernel, _paged_arguments(page_size, tensors)[1])
 
 
 def _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,

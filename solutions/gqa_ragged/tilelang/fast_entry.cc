@@ -1,0 +1,274 @@
+// The TileLang entries' fast path (fast_entry.py builds it; tilelang_prefill.py calls it first).
+// A call whose every tensor has the layout of one the Python entry planned before (shapes,
+// strides, dtypes, devices: the plan's key, and more) goes from the caller straight to the
+// planned kernel's tvm-ffi main, with no Python in between: a cold call's Python costs 10-20 us
+// of host time (TUNING.md, "A cold call's host time"). Anything else returns false and the
+// Python entry takes the call as before: a layout not planned yet (it plans it, then registers
+// it here, unless its call launched something else than the main on the arguments as given: a
+// stand-in, a restrided tensor, a split and its merge, a gather), a scale that is not a positive
+// finite float, a window that is not a plain int, a misaligned
+// pointer, a stream being captured into a CUDA graph (its counters are the graph's), a stream
+// without its work counters yet. A main that raises leaves the call to the Python entry too,
+// which then names the bad argument.
+#include <dlfcn.h>
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace ffi = tvm::ffi;
+
+// The entries' plan kinds (fast_entry.py: KINDS).
+enum Kind : int { kRagged = 0, kWindow = 1, kPaged64 = 2, kPaged1 = 3, kPagedFp8 = 4, kKinds };
+constexpr size_t kPlansPerKind = 64;  // the oldest goes first when full
+constexpr uintptr_t kAlign = 16;      // the kernels' vector and TMA accesses (ALIGN_BYTES)
+
+struct Plan {
+  std::vector<int64_t> key;
+  ffi::Function main;
+};
+
+struct Counters {
+  int32_t device;
+  int64_t stream;
+  ffi::Tensor tensor;
+};
+
+std::mutex registry_mutex;
+std::vector<Plan> registry[kKinds];
+std::vector<Counters> stream_counters;
+
+// cuStreamIsCapturing from the driver that torch loaded (no link to libcuda: the module builds
+// and loads on a machine without a GPU). Null if there is none: then no call is fast.
+using StreamIsCapturing = int (*)(void* stream, int* status);
+StreamIsCapturing stream_is_capturing() {
+  static const StreamIsCapturing function = [] {
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (library == nullptr) return StreamIsCapturing(nullptr);
+    return reinterpret_cast<StreamIsCapturing>(dlsym(library, "cuStreamIsCapturing"));
+  }();
+  return function;
+}
+
+// t's layout appended to key; false unless t is a CUDA tensor of `device` whose data pointer
+// is 16-byte aligned (device -1: t's sets it).
+bool append_layout(std::vector<int64_t>& key, const DLTensor* t, int32_t& device) {
+  if (t == nullptr || t->device.device_type != kDLCUDA) return false;
+  if (device < 0) device = t->device.device_id;
+  if (t->device.device_id != device) return false;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  if (t->data == nullptr || address % kAlign != 0) return false;
+  key.push_back(t->device.device_id);
+  key.push_back(int64_t(t->dtype.code) | int64_t(t->dtype.bits) << 8 |
+                int64_t(t->dtype.lanes) << 16);
+  key.push_back(t->ndim);
+  key.push_back(int64_t(t->byte_offset));
+  for (int i = 0; i < t->ndim; ++i) key.push_back(t->shape[i]);
+  for (int i = 0; i < t->ndim; ++i) key.push_back(t->strides ? t->strides[i] : -1);
+  return true;
+}
+
+std::optional<DLTensor*> tensor(const ffi::AnyView& value) {
+  return value.try_cast<DLTensor*>();
+}
+
+// The layout key of a call's tensors, or nullopt if one is not a tensor or fails append_layout.
+std::optional<std::vector<int64_t>> layout_key(std::initializer_list<ffi::AnyView> tensors,
+                                               int32_t& device) {
+  std::vector<int64_t> key;
+  key.reserve(16 * tensors.size());
+  for (const ffi::AnyView& value : tensors) {
+    const std::optional<DLTensor*> t = tensor(value);
+    if (!t || !append_layout(key, *t, device)) return std::nullopt;
+  }
+  return key;
+}
+
+// A float argument in (0, inf): what the kernels take as it is.
+std::optional<double> positive_float(const ffi::AnyView& value) {
+  if (value.type_index() != ffi::TypeIndex::kTVMFFIFloat) return std::nullopt;
+  const double x = *value.as<double>();
+  if (!(x > 0.0 && x < INFINITY)) return std::nullopt;
+  return x;
+}
+
+// A finite float (FP8's k_scale and v_scale may be any finite value but 0 for k_scale's fold).
+std::optional<double> finite_float(const ffi::AnyView& value) {
+  if (value.type_index() != ffi::TypeIndex::kTVMFFIFloat) return std::nullopt;
+  const double x = *value.as<double>();
+  if (!std::isfinite(x)) return std::nullopt;
+  return x;
+}
+
+// The planned main of kind for key, and the work counters of the current stream on device;
+// nullopt if either is missing or the stream is being captured.
+std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
+                                                             const std::vector<int64_t>& key,
+                                                             int32_t device) {
+  const StreamIsCapturing is_capturing = stream_is_capturing();
+  if (is_capturing == nullptr) return std::nullopt;
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device);
+  int status = 1;
+  if (is_capturing(stream, &status) != 0 || status != 0) return std::nullopt;
+  const int64_t stream_id = reinterpret_cast<int64_t>(stream);
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const Counters* found = nullptr;
+  for (const Counters& c : stream_counters) {
+    if (c.device == device && c.stream == stream_id) found = &c;
+  }
+  if (found == nullptr) return std::nullopt;
+  for (const Plan& plan : registry[kind]) {
+    if (plan.key == key) return std::make_pair(plan.main, found->tensor);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// ---- Registration (the Python entry, after a call it planned and launched as the fast path
+// would have). tensors: the call's tensor arguments in the entry's order.
+
+void register_plan(int64_t kind, ffi::Function main, ffi::Array<ffi::Tensor> tensors) {
+  TVM_FFI_ICHECK(0 <= kind && kind < kKinds) << "no plan kind " << kind;
+  std::vector<int64_t> key;
+  int32_t device = -1;
+  for (const ffi::Tensor& t : tensors) {
+    if (!append_layout(key, t.GetDLTensorPtr(), device)) return;  // never fast: not kept
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::vector<Plan>& plans = registry[kind];
+  for (const Plan& plan : plans) {
+    if (plan.key == key) return;
+  }
+  if (plans.size() == kPlansPerKind) plans.erase(plans.begin());
+  plans.push_back(Plan{std::move(key), std::move(main)});
+}
+
+void register_counters(int64_t device, int64_t stream, ffi::Tensor counters) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (Counters& c : stream_counters) {
+    if (c.device == device && c.stream == stream) {
+      c.tensor = std::move(counters);
+      return;
+    }
+  }
+  stream_counters.push_back(Counters{int32_t(device), stream, std::move(counters)});
+}
+
+// Drops every plan and counter (tests; the interpreter's exit, before its objects go).
+void clear() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (std::vector<Plan>& plans : registry) plans.clear();
+  stream_counters.clear();
+}
+
+int64_t plan_count(int64_t kind) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return 0 <= kind && kind < kKinds ? int64_t(registry[kind].size()) : -1;
+}
+
+// ---- The fast calls: true if the kernel was launched, false if the Python entry must take it.
+
+bool ragged(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_indptr,
+            ffi::AnyView kv_indptr, ffi::AnyView sm_scale, ffi::AnyView output, ffi::AnyView lse) {
+  int32_t device = -1;
+  const auto key = layout_key({q, k, v, qo_indptr, kv_indptr, output, lse}, device);
+  const auto scale = positive_float(sm_scale);
+  if (!key || !scale) return false;
+  const int64_t total_kv = (*tensor(k))->shape[0];
+  const auto target = planned(kRagged, *key, device);
+  if (!target) return false;
+  target->first(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse, target->second);
+  return true;
+}
+
+bool ragged_swa(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_indptr,
+                ffi::AnyView kv_indptr, ffi::AnyView window_left, ffi::AnyView sm_scale,
+                ffi::AnyView output, ffi::AnyView lse) {
+  if (window_left.type_index() != ffi::TypeIndex::kTVMFFIInt) return false;
+  const int64_t window = *window_left.as<int64_t>();
+  if (window < -1 || window > INT32_MAX) return false;
+  int32_t device = -1;
+  const auto key = layout_key({q, k, v, qo_indptr, kv_indptr, output, lse}, device);
+  const auto scale = positive_float(sm_scale);
+  if (!key || !scale) return false;
+  const int64_t total_kv = (*tensor(k))->shape[0];
+  // No window, or one at least as long as the keys: the causal program (run_ragged_swa).
+  if (window < 0 || window >= total_kv) {
+    const auto target = planned(kRagged, *key, device);
+    if (!target) return false;
+    target->first(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse, target->second);
+    return true;
+  }
+  const auto target = planned(kWindow, *key, device);
+  if (!target) return false;
+  target->first(q, k, v, qo_indptr, kv_indptr, total_kv, window, *scale, output, lse,
+                target->second);
+  return true;
+}
+
+bool paged_ps64(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
+                ffi::AnyView qo_indptr, ffi::AnyView kv_indptr, ffi::AnyView kv_indices,
+                ffi::AnyView kv_last_page_len, ffi::AnyView sm_scale, ffi::AnyView output,
+                ffi::AnyView lse) {
+  int32_t device = -1;
+  const auto key = layout_key(
+      {q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse},
+      device);
+  const auto scale = positive_float(sm_scale);
+  if (!key || !scale) return false;
+  const auto target = planned(kPaged64, *key, device);
+  if (!target) return false;
+  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale, output,
+                lse, target->second);
+  return true;
+}
+
+bool paged_ps1(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
+               ffi::AnyView qo_indptr, ffi::AnyView kv_indptr, ffi::AnyView kv_indices,
+               ffi::AnyView sm_scale, ffi::AnyView output, ffi::AnyView lse) {
+  int32_t device = -1;
+  const auto key =
+      layout_key({q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, output, lse}, device);
+  const auto scale = positive_float(sm_scale);
+  if (!key || !scale) return false;
+  const auto target = planned(kPaged1, *key, device);
+  if (!target) return false;
+  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale, output,
+                lse, target->second);
+  return true;
+}
+
+bool paged_ps64_fp8kv(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
+                      ffi::AnyView qo_indptr, ffi::AnyView kv_indptr, ffi::AnyView kv_indices,
+                      ffi::AnyView kv_last_page_len, ffi::AnyView k_scale, ffi::AnyView v_scale,
+                      ffi::AnyView sm_scale, ffi::AnyView output, ffi::AnyView lse) {
+  int32_t device = -1;
+  const auto key = layout_key(
+      {q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, output, lse},
+      device);
+  const auto softmax_scale = finite_float(sm_scale);
+  const auto k = finite_float(k_scale), v = finite_float(v_scale);
+  if (!key || !softmax_scale || !k || !v) return false;
+  // fold_kv_scales: k_scale joins the softmax scale, which the kernel needs positive.
+  const double scale = *softmax_scale * *k;
+  if (!(scale > 0.0 && scale < INFINITY)) return false;
+  const auto target = planned(kPagedFp8, *key, device);
+  if (!target) return false;
+  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], scale, *v,
+                output, lse, target->second);
+  return true;
+}

@@ -1,0 +1,69 @@
+"""The entries' C++ fast path (fast_entry.cc): built on the first call the Python entry plans
+on a GPU, then tried first by every call. A cold call's Python costs 10-20 us of host time,
+which flashinfer-bench counts; the fast path takes a call straight to the planned kernel's
+tvm-ffi main (TUNING.md, "A cold call's host time").
+
+PREFILL_BUNDLE_TILELANG_FAST=0 in the environment keeps every call on the Python entry. The
+module needs a host C++ compiler (tvm_ffi.cpp.load_inline, cached in ~/.cache/tvm-ffi); if it
+does not build, a warning says why and every call takes the Python entry.
+"""
+
+import atexit
+import os
+import warnings
+from pathlib import Path
+
+# The plan kinds, as fast_entry.cc numbers them.
+RAGGED, WINDOW, PAGED_64, PAGED_1, PAGED_FP8 = range(5)
+ENTRIES = ("ragged", "ragged_swa", "paged_ps64", "paged_ps1", "paged_ps64_fp8kv")
+FUNCTIONS = ENTRIES + ("register_plan", "register_counters", "clear", "plan_count")
+
+_module = None
+_tried = False
+
+
+def enabled() -> bool:
+    return os.environ.get("PREFILL_BUNDLE_TILELANG_FAST", "1") != "0"
+
+
+def module():
+    """The built module, or None (disabled, or it did not build); built once."""
+    global _module, _tried
+    if not _tried:
+        _tried = True
+        if enabled():
+            _module = _build()
+    return _module
+
+
+def _build():
+    try:
+        import tvm_ffi.cpp
+
+        source = (Path(__file__).parent / "fast_entry.cc").read_text()
+        built = tvm_ffi.cpp.load_inline(
+            "gqa_prefill_tilelang_fast_entry", cpp_sources=source, functions=list(FUNCTIONS)
+        )  # fmt: skip
+    except Exception as error:  # no compiler, a tvm-ffi without load_inline
+        warnings.warn(f"TileLang's C++ fast path did not build, calls take the Python entry: "
+                      f"{error}", stacklevel=3)  # fmt: skip
+        return None
+    # Its registry holds tvm-ffi objects (the mains, torch's counters): dropped before the
+    # interpreter's own objects go.
+    atexit.register(built.clear)
+    return built
+
+
+def register_plan(kind: int, main, tensors) -> None:
+    """After a call the Python entry launched as the fast path would: calls with these
+    tensors' layouts go to main from now on."""
+    built = module()
+    if built is not None:
+        built.register_plan(kind, main, list(tensors))
+
+
+def register_counters(device: int, stream: int, counters) -> None:
+    """A stream's work counters (the Python entry's _scheduler), for the fast calls on it."""
+    built = _module  # only once built: the first registered plan builds it
+    if built is not None:
+        built.register_counters(device, stream, counters)

@@ -136,6 +136,8 @@ def _register_fast(kind: int, main, tensors: tuple) -> None:
     a positive scale, the stream's own counters): the fast path takes the calls with these
     layouts from now on (and is built by the first). Not with PREFILL_BUNDLE_VALIDATE (its
     checks run in Python on every call), nor off the GPU, nor in a capture."""
+    if fast_entry._tried and fast_entry._module is None:
+        return  # switched off, or it did not build: nothing to register, ever
     q = tensors[0]
     if VALIDATE or not q.is_cuda or torch.cuda.is_current_stream_capturing():
         return

@@ -3,13 +3,15 @@
 // strides, dtypes, devices: the plan's key, and more) goes from the caller straight to the
 // planned kernel's tvm-ffi main, with no Python in between: a cold call's Python costs 10-20 us
 // of host time (TUNING.md, "A cold call's host time"). Anything else returns false and the
-// Python entry takes the call as before: a layout not planned yet (it plans it, then registers
-// it here, unless its call launched something else than the main on the arguments as given: a
-// stand-in, a restrided tensor, a split and its merge, a gather), a scale that is not a positive
-// finite float, a window that is not a plain int, a misaligned
-// pointer, a stream being captured into a CUDA graph (its counters are the graph's), a stream
-// without its work counters yet. A main that raises leaves the call to the Python entry too,
-// which then names the bad argument.
+// Python entry takes the call as before:
+//   - a layout not planned yet (it plans it, then registers it here, unless its call launched
+//     something else than the main on the arguments as given: a stand-in, a restrided tensor,
+//     a split and its merge, a gather);
+//   - a scale that is not a positive finite float, a window that is not a plain int;
+//   - a misaligned pointer;
+//   - a stream being captured into a CUDA graph (its counters are the graph's), or one without
+//     its work counters yet.
+// A main that raises leaves the call to the Python entry too, which then names the bad argument.
 #include <dlfcn.h>
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
@@ -28,7 +30,7 @@ namespace {
 
 namespace ffi = tvm::ffi;
 
-// The entries' plan kinds (fast_entry.py: KINDS).
+// The entries' plan kinds (fast_entry.py's RAGGED, WINDOW, ...).
 enum Kind : int { kRagged = 0, kWindow = 1, kPaged64 = 2, kPaged1 = 3, kPagedFp8 = 4, kKinds };
 constexpr size_t kPlansPerKind = 64;  // the oldest goes first when full
 constexpr uintptr_t kAlign = 16;      // the kernels' vector and TMA accesses (ALIGN_BYTES)

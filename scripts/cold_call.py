@@ -23,6 +23,7 @@ back (TileLang's TUNING.md, "A cold call's host time").
 """
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -79,10 +80,16 @@ def after_idle_us(fn, args, sleep_us, flush, cache, cycles_per_us, reps=30) -> f
     return sorted(times)[len(times) // 2]
 
 
+@functools.cache
+def flush_buffer() -> torch.Tensor:
+    """flashinfer-bench's 256 MB L2 flush buffer, allocated once."""
+    return torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+
+
 def host_in_bench_loop(fn, args, clones: bool, prepare=None, reps: int = 60) -> float:
     """Median us from fn's call to its return in flashinfer-bench's loop (L2 flushed, the
     arguments cloned if clones, prepare(arguments) untimed, synchronize, call)."""
-    cache = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
+    cache = flush_buffer()
     times = []
     for i in range(reps + 10):
         cache.zero_()
@@ -181,7 +188,7 @@ def main():
     if options.host:
         host_rows(options.workloads, options.backends)
         return
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # as flashinfer-bench's
+    cache = flush_buffer()
     cycles_per_us = sleep_cycles_per_us()
     print(f"sleep: {cycles_per_us:.0f} cycles/us; us, median of 30: do_bench | L2 flushed: cold,"
           f" after a sleep of {', '.join(map(str, SLEEPS_US[1:]))} us | not flushed: the same"

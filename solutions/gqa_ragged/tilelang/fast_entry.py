@@ -63,7 +63,8 @@ def register_plan(kind: int, main, tensors) -> None:
 
 
 def register_counters(device: int, stream: int, counters) -> None:
-    """A stream's work counters (the Python entry's _scheduler), for the fast calls on it."""
-    built = _module  # only once built: the first registered plan builds it
+    """A stream's work counters (the Python entry's _scheduler), for the fast calls on it: the
+    entry registers them with each plan it registers (a new stream's first call takes it)."""
+    built = _module
     if built is not None:
         built.register_counters(device, stream, counters)

@@ -127,7 +127,6 @@ def _scheduler(device: int):
     if counters is None:
         counters = torch.zeros(2, dtype=torch.int32, device=f"cuda:{device}")
         _schedulers[(device, stream)] = counters
-        fast_entry.register_counters(device, stream, counters)
     return counters
 
 

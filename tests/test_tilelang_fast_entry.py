@@ -1,4 +1,5 @@
-"""The TileLang entries' C++ fast path (solutions/gqa_ragged/tilelang/fast_entry.cc).
+"""The TileLang entries' C++ fast path (solutions/gqa_ragged/tilelang/fast_entry.cc), the padded
+entry's included.
 
 Without a GPU: the module builds with the host compiler and refuses, returning False, every call
 it cannot take (CPU tensors, arguments of other types), registering no plan for them.
@@ -8,10 +9,13 @@ planned call), a new layout goes to the Python entry, and so do a new stream's f
 call captured into a CUDA graph.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from prefill_bundle.testing import (
+    PaddedCase,
     PagedCase,
     RaggedCase,
     build_solution,
@@ -37,6 +41,8 @@ FAST_CASES = [
     ("tilelang_paged_ps1", PagedCase((100, 37), (900, 300), 1), "_run_paged"),
     ("tilelang_fp8kv",
      PagedCase((100, 37), (900, 300), 64, fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), "_run_paged"),
+    ("tilelang_mini", PaddedCase(2, 300, 300, True), "_run_padded"),
+    ("tilelang_mini", PaddedCase(1, 128, 700, False), "_run_padded"),
 ]  # fmt: skip
 
 
@@ -64,6 +70,10 @@ def test_fast_entry_builds_and_refuses_what_it_cannot_take():
     assert fast.paged_ps64_fp8kv(
         q, pages, pages, indptr, indptr, ids, last, 1.0, 1.0, 0.1, q, lse
     ) is False  # fmt: skip
+    q4 = torch.zeros(1, 4, 32, 128, dtype=torch.float16)
+    kv4 = torch.zeros(1, 4, 8, 128, dtype=torch.float16)
+    assert fast.padded(q4, kv4, kv4, True, q4) is False
+    assert fast.padded(q4, kv4, kv4, 1, q4) is False  # not a bool: the Python entry's
     # A plan over CPU tensors is not kept: no call could take it.
     fast.register_plan(entries.RAGGED, fast.plan_count, [q, kv, kv, indptr, indptr, q, lse])
     assert fast.plan_count(entries.RAGGED) == 0
@@ -98,18 +108,21 @@ def test_planned_calls_take_the_fast_path(solution, case, python, monkeypatch):
         raise AssertionError("the call took the Python entry")
 
     monkeypatch.setattr(entry, python, python_entry)
+    n = len(poisoned_outputs(case, first))  # the outputs: out (padded), or output and lse
     again = arguments(case, seed=1)
     fn(*again)
-    inputs, outputs = again[:-2], again[-2:]
-    check_outputs(outputs, reference_outputs(case, inputs))
+    check_outputs(again[-n:], reference_outputs(case, again[:-n]))
     # The same inputs through the planned call and the fast one: the same bits.
-    replay = [x.clone() if torch.is_tensor(x) else x for x in first[:-2]]
+    replay = [x.clone() if torch.is_tensor(x) else x for x in first[:-n]]
     replay += poisoned_outputs(case, first)
     fn(*replay)
-    for a, b in zip(replay[-2:], first[-2:]):
+    for a, b in zip(replay[-n:], first[-n:]):
         assert torch.equal(a, b)
     # Another layout (one query row more) is the Python entry's: it plans it.
-    longer = type(case)(**{**case.__dict__, "q_lens": (case.q_lens[0] + 1, *case.q_lens[1:])})
+    if isinstance(case, PaddedCase):
+        longer = replace(case, seq_q=case.seq_q + 1)
+    else:
+        longer = replace(case, q_lens=(case.q_lens[0] + 1, *case.q_lens[1:]))
     with pytest.raises(AssertionError, match="Python entry"):
         fn(*arguments(longer))
 

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -31,13 +32,19 @@ namespace {
 namespace ffi = tvm::ffi;
 
 // The entries' plan kinds (fast_entry.py's RAGGED, WINDOW, ...).
-enum Kind : int { kRagged = 0, kWindow = 1, kPaged64 = 2, kPaged1 = 3, kPagedFp8 = 4, kKinds };
+enum Kind : int {
+  kRagged = 0, kWindow = 1, kPaged64 = 2, kPaged1 = 3, kPagedFp8 = 4, kPadded = 5, kKinds
+};
 constexpr size_t kPlansPerKind = 64;  // the oldest goes first when full
 constexpr uintptr_t kAlign = 16;      // the kernels' vector and TMA accesses (ALIGN_BYTES)
 
 struct Plan {
   std::vector<int64_t> key;
   ffi::Function main;
+  // The padded entry's: its plan's qo_indptr, kv_indptr and scratch lse, and the strides of
+  // the 3-d views of q, k, v and the output (3 each) that it passes main.
+  std::vector<ffi::Tensor> tensors;
+  std::vector<int64_t> strides;
 };
 
 struct Counters {
@@ -47,7 +54,7 @@ struct Counters {
 };
 
 std::mutex registry_mutex;
-std::vector<Plan> registry[kKinds];
+std::vector<std::shared_ptr<const Plan>> registry[kKinds];
 std::vector<Counters> stream_counters;
 
 // cuStreamIsCapturing from the driver that torch loaded (no link to libcuda: the module builds
@@ -112,11 +119,9 @@ std::optional<double> finite_float(const ffi::AnyView& value) {
   return x;
 }
 
-// The planned main of kind for key, and the work counters of the current stream on device;
-// nullopt if either is missing or the stream is being captured.
-std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
-                                                             const std::vector<int64_t>& key,
-                                                             int32_t device) {
+// The work counters of the current stream on device; nullopt if it has none registered or is
+// being captured (then the Python entry gives the call the graph's own).
+std::optional<ffi::Tensor> current_counters(int32_t device) {
   const StreamIsCapturing is_capturing = stream_is_capturing();
   if (is_capturing == nullptr) return std::nullopt;
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device);
@@ -124,15 +129,41 @@ std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
   if (is_capturing(stream, &status) != 0 || status != 0) return std::nullopt;
   const int64_t stream_id = reinterpret_cast<int64_t>(stream);
   std::lock_guard<std::mutex> lock(registry_mutex);
-  const Counters* found = nullptr;
   for (const Counters& c : stream_counters) {
-    if (c.device == device && c.stream == stream_id) found = &c;
-  }
-  if (found == nullptr) return std::nullopt;
-  for (const Plan& plan : registry[kind]) {
-    if (plan.key == key) return std::make_pair(plan.main, found->tensor);
+    if (c.device == device && c.stream == stream_id) return c.tensor;
   }
   return std::nullopt;
+}
+
+// The plan of kind registered for key, or null (shared: the registry may drop it meanwhile).
+std::shared_ptr<const Plan> find_plan(Kind kind, const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const std::shared_ptr<const Plan>& plan : registry[kind]) {
+    if (plan->key == key) return plan;
+  }
+  return nullptr;
+}
+
+// The planned main of kind for key, and the current stream's work counters on device.
+std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
+                                                             const std::vector<int64_t>& key,
+                                                             int32_t device) {
+  const std::optional<ffi::Tensor> counters = current_counters(device);
+  if (!counters) return std::nullopt;
+  const std::shared_ptr<const Plan> plan = find_plan(kind, key);
+  if (plan == nullptr) return std::nullopt;
+  return std::make_pair(plan->main, *counters);
+}
+
+// Keeps plan under kind (the oldest goes when full); a key already there stays as it is.
+void store(int64_t kind, Plan plan) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::vector<std::shared_ptr<const Plan>>& plans = registry[kind];
+  for (const std::shared_ptr<const Plan>& kept : plans) {
+    if (kept->key == plan.key) return;
+  }
+  if (plans.size() == kPlansPerKind) plans.erase(plans.begin());
+  plans.push_back(std::make_shared<const Plan>(std::move(plan)));
 }
 
 }  // namespace
@@ -141,19 +172,30 @@ std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
 // would have). tensors: the call's tensor arguments in the entry's order.
 
 void register_plan(int64_t kind, ffi::Function main, ffi::Array<ffi::Tensor> tensors) {
-  TVM_FFI_ICHECK(0 <= kind && kind < kKinds) << "no plan kind " << kind;
+  TVM_FFI_ICHECK(0 <= kind && kind < kKinds && kind != kPadded) << "no plan kind " << kind;
   std::vector<int64_t> key;
   int32_t device = -1;
   for (const ffi::Tensor& t : tensors) {
     if (!append_layout(key, t.GetDLTensorPtr(), device)) return;  // never fast: not kept
   }
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  std::vector<Plan>& plans = registry[kind];
-  for (const Plan& plan : plans) {
-    if (plan.key == key) return;
+  store(kind, Plan{std::move(key), std::move(main), {}, {}});
+}
+
+// The padded entry's plan for q, k, v and out with the causal flag: main, the plan's indptr
+// tensors and scratch lse, and the 3-d views' strides (q, k, v, out: 3 each).
+void register_padded(ffi::Function main, ffi::Tensor q, ffi::Tensor k, ffi::Tensor v,
+                     ffi::Tensor out, bool causal, ffi::Tensor qo_indptr, ffi::Tensor kv_indptr,
+                     ffi::Tensor lse, ffi::Array<int64_t> view_strides) {
+  TVM_FFI_ICHECK(view_strides.size() == 12) << "3 strides for each of q, k, v and out";
+  std::vector<int64_t> key;
+  int32_t device = -1;
+  for (const ffi::Tensor& t : {q, k, v, out}) {
+    if (!append_layout(key, t.GetDLTensorPtr(), device)) return;
   }
-  if (plans.size() == kPlansPerKind) plans.erase(plans.begin());
-  plans.push_back(Plan{std::move(key), std::move(main)});
+  key.push_back(causal);
+  std::vector<int64_t> strides(view_strides.begin(), view_strides.end());
+  store(kPadded, Plan{std::move(key), std::move(main), {qo_indptr, kv_indptr, lse},
+                      std::move(strides)});
 }
 
 void register_counters(int64_t device, int64_t stream, ffi::Tensor counters) {
@@ -170,7 +212,7 @@ void register_counters(int64_t device, int64_t stream, ffi::Tensor counters) {
 // Drops every plan and counter (tests; the interpreter's exit, before its objects go).
 void clear() {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (std::vector<Plan>& plans : registry) plans.clear();
+  for (auto& plans : registry) plans.clear();
   stream_counters.clear();
 }
 
@@ -180,6 +222,47 @@ int64_t plan_count(int64_t kind) {
 }
 
 // ---- The fast calls: true if the kernel was launched, false if the Python entry must take it.
+
+namespace {
+
+// t as [rows, heads, 128] at the given strides (the padded entry's as_strided and view).
+DLTensor view_3d(const DLTensor* t, int64_t (&shape)[3], const int64_t* strides) {
+  DLTensor view = *t;
+  view.ndim = 3;
+  view.shape = shape;
+  view.strides = const_cast<int64_t*>(strides);
+  return view;
+}
+
+}  // namespace
+
+bool padded(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView causal,
+            ffi::AnyView out) {
+  if (causal.type_index() != ffi::TypeIndex::kTVMFFIBool) return false;
+  int32_t device = -1;
+  auto key = layout_key({q, k, v, out}, device);
+  if (!key) return false;
+  key->push_back(*causal.as<bool>());
+  const std::optional<ffi::Tensor> counters = current_counters(device);
+  if (!counters) return false;
+  const std::shared_ptr<const Plan> plan = find_plan(kPadded, *key);
+  if (plan == nullptr) return false;
+  const DLTensor *tq = *tensor(q), *tk = *tensor(k), *tv = *tensor(v), *to = *tensor(out);
+  if (tq->ndim != 4 || tk->ndim != 4) return false;  // the key's layouts: 4-d as planned
+  const int64_t total_q = tq->shape[0] * tq->shape[1], total_kv = tk->shape[0] * tk->shape[1];
+  int64_t q_shape[3] = {total_q, tq->shape[2], tq->shape[3]};
+  int64_t kv_shape[3] = {total_kv, tk->shape[2], tk->shape[3]};
+  int64_t v_shape[3] = {total_kv, tv->shape[2], tv->shape[3]};
+  int64_t out_shape[3] = {total_q, to->shape[2], to->shape[3]};
+  DLTensor q3 = view_3d(tq, q_shape, plan->strides.data());
+  DLTensor k3 = view_3d(tk, kv_shape, plan->strides.data() + 3);
+  DLTensor v3 = view_3d(tv, v_shape, plan->strides.data() + 6);
+  DLTensor out3 = view_3d(to, out_shape, plan->strides.data() + 9);
+  const double scale = std::pow(double(tq->shape[3]), -0.5);  // as Python: HEAD_DIM**-0.5
+  plan->main(&q3, &k3, &v3, plan->tensors[0], plan->tensors[1], total_kv, scale, &out3,
+             plan->tensors[2], *counters);
+  return true;
+}
 
 bool ragged(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_indptr,
             ffi::AnyView kv_indptr, ffi::AnyView sm_scale, ffi::AnyView output, ffi::AnyView lse) {

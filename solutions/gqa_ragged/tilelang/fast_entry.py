@@ -14,9 +14,11 @@ import warnings
 from pathlib import Path
 
 # The plan kinds, as fast_entry.cc numbers them.
-RAGGED, WINDOW, PAGED_64, PAGED_1, PAGED_FP8 = range(5)
-ENTRIES = ("ragged", "ragged_swa", "paged_ps64", "paged_ps1", "paged_ps64_fp8kv")
-FUNCTIONS = ENTRIES + ("register_plan", "register_counters", "clear", "plan_count")
+RAGGED, WINDOW, PAGED_64, PAGED_1, PAGED_FP8, PADDED = range(6)
+ENTRIES = ("ragged", "ragged_swa", "paged_ps64", "paged_ps1", "paged_ps64_fp8kv", "padded")
+FUNCTIONS = ENTRIES + (
+    "register_plan", "register_padded", "register_counters", "clear", "plan_count"
+)  # fmt: skip
 
 _module = None
 _tried = False
@@ -60,6 +62,15 @@ def register_plan(kind: int, main, tensors) -> None:
     built = module()
     if built is not None:
         built.register_plan(kind, main, list(tensors))
+
+
+def register_padded(main, tensors, causal: bool, plan_tensors, view_strides) -> None:
+    """register_plan for the padded entry: q, k, v and out (tensors) with the causal flag,
+    the plan's qo_indptr, kv_indptr and scratch lse (plan_tensors) and the strides of the 3-d
+    views of q, k, v and out it passes main (view_strides: 3 each)."""
+    built = module()
+    if built is not None:
+        built.register_padded(main, *tensors, causal, *plan_tensors, list(view_strides))
 
 
 def register_counters(device: int, stream: int, counters) -> None:

@@ -130,20 +130,28 @@ def _scheduler(device: int):
     return counters
 
 
+def _fast_registers(q) -> bool:
+    """Whether a call the Python entry just launched as the fast path would registers its
+    layouts there. Not with PREFILL_BUNDLE_VALIDATE (its checks run in Python on every call),
+    nor off the GPU, nor in a capture, nor once the fast path is off or did not build."""
+    if fast_entry._tried and fast_entry._module is None:
+        return False
+    return not VALIDATE and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def _register_counters(device: int) -> None:
+    """The current stream's work counters, for the fast path (they exist: the call used them)."""
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    fast_entry.register_counters(device, stream, _schedulers[(device, stream)])
+
+
 def _register_fast(kind: int, main, tensors: tuple) -> None:
     """After a call launched as the fast path would (the main alone, on the arguments as given,
     a positive scale, the stream's own counters): the fast path takes the calls with these
-    layouts from now on (and is built by the first). Not with PREFILL_BUNDLE_VALIDATE (its
-    checks run in Python on every call), nor off the GPU, nor in a capture."""
-    if fast_entry._tried and fast_entry._module is None:
-        return  # switched off, or it did not build: nothing to register, ever
-    q = tensors[0]
-    if VALIDATE or not q.is_cuda or torch.cuda.is_current_stream_capturing():
-        return
-    fast_entry.register_plan(kind, main, tensors)
-    device = q.get_device()
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    fast_entry.register_counters(device, stream, _schedulers[(device, stream)])
+    layouts from now on (and is built by the first)."""
+    if _fast_registers(tensors[0]):
+        fast_entry.register_plan(kind, main, tensors)
+        _register_counters(tensors[0].get_device())
 
 
 def _workspace(device: int, rows: int) -> tuple:
@@ -310,6 +318,17 @@ def _plan_padded(q, k, v, out) -> tuple:
 def run_padded(q, k, v, causal, out):
     """q [batch, seq_q, 32, 128], k/v [batch, seq_kv, 8, 128] (float16 or bfloat16), causal
     (bottom-right aligned) -> out [batch, seq_q, 32, 128], written in place."""
+    fast = fast_entry._module
+    if fast is not None:
+        try:
+            if fast.padded(q, k, v, causal, out):
+                return
+        except Exception:  # as in run_ragged
+            pass
+    _run_padded(q, k, v, causal, out)
+
+
+def _run_padded(q, k, v, causal, out):
     causal = check_causal(causal)
     tensors = (q, k, v, out)
     try:
@@ -335,6 +354,7 @@ def run_padded(q, k, v, causal, out):
     if kernel is None:
         kernel = kernels[causal] = _kernel(q.dtype, causal, q.get_device(), long_keys=long_keys)
     total_q, total_kv = q.shape[0] * q.shape[1], k.shape[0] * k.shape[1]
+    out_rows = out.view(total_q, NUM_HEADS, HEAD_DIM)
     try:
         kernel(
             q.as_strided((total_q, NUM_HEADS, HEAD_DIM), q_strides),
@@ -344,12 +364,18 @@ def run_padded(q, k, v, causal, out):
             kv_indptr,
             total_kv,
             HEAD_DIM**-0.5,
-            out.view(total_q, NUM_HEADS, HEAD_DIM),
+            out_rows,
             lse,
             _scheduler(q.get_device()),
         )
     except Exception as refusal:
         _named_refusal(refusal, lambda: _plan_padded(*tensors))
+    if _fast_registers(q):
+        # The fast path passes main the same views, built from these strides.
+        view_strides = (*q_strides, *k_strides, *v_strides, *out_rows.stride())
+        fast_entry.register_padded(kernel, tensors, causal, (qo_indptr, kv_indptr, lse),
+                                   view_strides)  # fmt: skip
+        _register_counters(q.get_device())
 
 
 def _plan_ragged(window: bool, q, k, v, qo_indptr, kv_indptr, output, lse) -> tuple:

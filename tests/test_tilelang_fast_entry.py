@@ -41,6 +41,12 @@ FAST_CASES = [
     ("tilelang_paged_ps1", PagedCase((100, 37), (900, 300), 1), "_run_paged"),
     ("tilelang_fp8kv",
      PagedCase((100, 37), (900, 300), 64, fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), "_run_paged"),
+    # Decode-like: split-KV (main into the stream's workspace, then the merge), and the FP8
+    # decode program.
+    ("tilelang_paged_ps64", PagedCase((1,) * 8, (3000,) * 8, 64), "_run_paged"),
+    ("tilelang_paged_ps1", PagedCase((1,) * 8, (3000,) * 8, 1), "_run_paged"),
+    ("tilelang_fp8kv",
+     PagedCase((1,) * 8, (3000,) * 8, 64, fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), "_run_paged"),
     ("tilelang_mini", PaddedCase(2, 300, 300, True), "_run_padded"),
     ("tilelang_mini", PaddedCase(1, 128, 700, False), "_run_padded"),
 ]  # fmt: skip
@@ -75,7 +81,8 @@ def test_fast_entry_builds_and_refuses_what_it_cannot_take():
     assert fast.padded(q4, kv4, kv4, True, q4) is False
     assert fast.padded(q4, kv4, kv4, 1, q4) is False  # not a bool: the Python entry's
     # A plan over CPU tensors is not kept: no call could take it.
-    fast.register_plan(entries.RAGGED, fast.plan_count, [q, kv, kv, indptr, indptr, q, lse])
+    tensors = [q, kv, kv, indptr, indptr, q, lse]
+    fast.register_plan(entries.RAGGED, fast.plan_count, tensors, None, 1)
     assert fast.plan_count(entries.RAGGED) == 0
 
 

@@ -45,7 +45,20 @@ struct Plan {
   // the 3-d views of q, k, v and the output (3 each) that it passes main.
   std::vector<ffi::Tensor> tensors;
   std::vector<int64_t> strides;
+  // Paged split-KV and decode programs: the merge, and the key shares (the workspace's rows
+  // are shares x total_q).
+  ffi::Optional<ffi::Function> merge;
+  int64_t shares = 1;
 };
+
+// Split-KV's fp32 workspace views for `rows` rows on a stream (the Python entry's _workspace).
+struct Workspace {
+  int32_t device;
+  int64_t stream;
+  int64_t rows;
+  ffi::Tensor out, lse;
+};
+constexpr size_t kWorkspaces = 32;  // the oldest goes first when full
 
 struct Counters {
   int32_t device;
@@ -56,6 +69,7 @@ struct Counters {
 std::mutex registry_mutex;
 std::vector<std::shared_ptr<const Plan>> registry[kKinds];
 std::vector<Counters> stream_counters;
+std::vector<Workspace> workspaces;
 
 // cuStreamIsCapturing from the driver that torch loaded (no link to libcuda: the module builds
 // and loads on a machine without a GPU). Null if there is none: then no call is fast.
@@ -135,6 +149,19 @@ std::optional<ffi::Tensor> current_counters(int32_t device) {
   return std::nullopt;
 }
 
+// The current stream's workspace of `rows` rows on device, if registered.
+std::optional<std::pair<ffi::Tensor, ffi::Tensor>> current_workspace(int32_t device,
+                                                                      int64_t rows) {
+  const int64_t stream_id = reinterpret_cast<int64_t>(TVMFFIEnvGetStream(kDLCUDA, device));
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const Workspace& w : workspaces) {
+    if (w.device == device && w.stream == stream_id && w.rows == rows) {
+      return std::make_pair(w.out, w.lse);
+    }
+  }
+  return std::nullopt;
+}
+
 // The plan of kind registered for key, or null (shared: the registry may drop it meanwhile).
 std::shared_ptr<const Plan> find_plan(Kind kind, const std::vector<int64_t>& key) {
   std::lock_guard<std::mutex> lock(registry_mutex);
@@ -171,14 +198,33 @@ void store(int64_t kind, Plan plan) {
 // ---- Registration (the Python entry, after a call it planned and launched as the fast path
 // would have). tensors: the call's tensor arguments in the entry's order.
 
-void register_plan(int64_t kind, ffi::Function main, ffi::Array<ffi::Tensor> tensors) {
+// merge (paged kinds only): the split or decode program's merge, after main wrote `shares`
+// shares of every row into the stream's workspace; None: main writes output and lse.
+void register_plan(int64_t kind, ffi::Function main, ffi::Array<ffi::Tensor> tensors,
+                   ffi::Optional<ffi::Function> merge, int64_t shares) {
   TVM_FFI_ICHECK(0 <= kind && kind < kKinds && kind != kPadded) << "no plan kind " << kind;
+  TVM_FFI_ICHECK(!merge || (kind >= kPaged64 && kind <= kPagedFp8 && shares >= 1))
+      << "a merge for a paged plan, with its shares";
   std::vector<int64_t> key;
   int32_t device = -1;
   for (const ffi::Tensor& t : tensors) {
     if (!append_layout(key, t.GetDLTensorPtr(), device)) return;  // never fast: not kept
   }
-  store(kind, Plan{std::move(key), std::move(main), {}, {}});
+  store(kind, Plan{std::move(key), std::move(main), {}, {}, std::move(merge), shares});
+}
+
+void register_workspace(int64_t device, int64_t stream, int64_t rows, ffi::Tensor out,
+                        ffi::Tensor lse) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (Workspace& w : workspaces) {
+    if (w.device == device && w.stream == stream && w.rows == rows) {
+      w.out = std::move(out);
+      w.lse = std::move(lse);
+      return;
+    }
+  }
+  if (workspaces.size() == kWorkspaces) workspaces.erase(workspaces.begin());
+  workspaces.push_back(Workspace{int32_t(device), stream, rows, std::move(out), std::move(lse)});
 }
 
 // The padded entry's plan for q, k, v and out with the causal flag: main, the plan's indptr
@@ -195,7 +241,7 @@ void register_padded(ffi::Function main, ffi::Tensor q, ffi::Tensor k, ffi::Tens
   key.push_back(causal);
   std::vector<int64_t> strides(view_strides.begin(), view_strides.end());
   store(kPadded, Plan{std::move(key), std::move(main), {qo_indptr, kv_indptr, lse},
-                      std::move(strides)});
+                      std::move(strides), std::nullopt, 1});
 }
 
 void register_counters(int64_t device, int64_t stream, ffi::Tensor counters) {
@@ -214,6 +260,7 @@ void clear() {
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (auto& plans : registry) plans.clear();
   stream_counters.clear();
+  workspaces.clear();
 }
 
 int64_t plan_count(int64_t kind) {
@@ -302,6 +349,31 @@ bool ragged_swa(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_
   return true;
 }
 
+namespace {
+
+// A paged plan's launch: main on `head` (the arguments up to the scales), then output and lse;
+// or, with a merge, the stream's workspace of shares x total_q rows and then the merge into
+// output and lse (false if that workspace is not registered yet).
+template <typename... Head>
+bool launch_paged(Kind kind, const std::vector<int64_t>& key, int32_t device, int64_t total_q,
+                  const ffi::AnyView& output, const ffi::AnyView& lse, const Head&... head) {
+  const std::optional<ffi::Tensor> counters = current_counters(device);
+  if (!counters) return false;
+  const std::shared_ptr<const Plan> plan = find_plan(kind, key);
+  if (plan == nullptr) return false;
+  if (!plan->merge) {
+    plan->main(head..., output, lse, *counters);
+    return true;
+  }
+  const auto workspace = current_workspace(device, plan->shares * total_q);
+  if (!workspace) return false;
+  plan->main(head..., workspace->first, workspace->second, *counters);
+  (*plan->merge)(workspace->first, workspace->second, output, lse);
+  return true;
+}
+
+}  // namespace
+
 bool paged_ps64(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
                 ffi::AnyView qo_indptr, ffi::AnyView kv_indptr, ffi::AnyView kv_indices,
                 ffi::AnyView kv_last_page_len, ffi::AnyView sm_scale, ffi::AnyView output,
@@ -312,12 +384,9 @@ bool paged_ps64(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
       device);
   const auto scale = positive_float(sm_scale);
   if (!key || !scale) return false;
-  const auto target = planned(kPaged64, *key, device);
-  if (!target) return false;
-  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale, output,
-                lse, target->second);
-  return true;
+  return launch_paged(kPaged64, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+                      v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                      (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale);
 }
 
 bool paged_ps1(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
@@ -328,12 +397,9 @@ bool paged_ps1(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
       layout_key({q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, output, lse}, device);
   const auto scale = positive_float(sm_scale);
   if (!key || !scale) return false;
-  const auto target = planned(kPaged1, *key, device);
-  if (!target) return false;
-  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale, output,
-                lse, target->second);
-  return true;
+  return launch_paged(kPaged1, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+                      v_cache, qo_indptr, kv_indptr, kv_indices,
+                      (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale);
 }
 
 bool paged_ps64_fp8kv(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
@@ -350,10 +416,8 @@ bool paged_ps64_fp8kv(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache
   // fold_kv_scales: k_scale joins the softmax scale, which the kernel needs positive.
   const double scale = *softmax_scale * *k;
   if (!(scale > 0.0 && scale < INFINITY)) return false;
-  const auto target = planned(kPagedFp8, *key, device);
-  if (!target) return false;
-  target->first(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], scale, *v,
-                output, lse, target->second);
-  return true;
+  return launch_paged(kPagedFp8, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+                      v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                      (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], scale,
+                      *v);
 }

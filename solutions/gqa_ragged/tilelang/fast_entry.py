@@ -17,7 +17,8 @@ from pathlib import Path
 RAGGED, WINDOW, PAGED_64, PAGED_1, PAGED_FP8, PADDED = range(6)
 ENTRIES = ("ragged", "ragged_swa", "paged_ps64", "paged_ps1", "paged_ps64_fp8kv", "padded")
 FUNCTIONS = ENTRIES + (
-    "register_plan", "register_padded", "register_counters", "clear", "plan_count"
+    "register_plan", "register_padded", "register_counters", "register_workspace", "clear",
+    "plan_count",
 )  # fmt: skip
 
 _module = None
@@ -56,12 +57,20 @@ def _build():
     return built
 
 
-def register_plan(kind: int, main, tensors) -> None:
+def register_plan(kind: int, main, tensors, merge=None, shares: int = 1) -> None:
     """After a call the Python entry launched as the fast path would: calls with these
-    tensors' layouts go to main from now on."""
+    tensors' layouts go to main from now on (paged split-KV and decode programs: main into the
+    stream's workspace of shares x total_q rows, then merge)."""
     built = module()
     if built is not None:
-        built.register_plan(kind, main, list(tensors))
+        built.register_plan(kind, main, list(tensors), merge, shares)
+
+
+def register_workspace(device: int, stream: int, rows: int, out, lse) -> None:
+    """A stream's split-KV workspace views for `rows` rows (the Python entry's _workspace)."""
+    built = _module
+    if built is not None:
+        built.register_workspace(device, stream, rows, out, lse)
 
 
 def register_padded(main, tensors, causal: bool, plan_tensors, view_strides) -> None:

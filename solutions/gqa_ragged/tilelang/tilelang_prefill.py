@@ -145,13 +145,20 @@ def _register_counters(device: int) -> None:
     fast_entry.register_counters(device, stream, _schedulers[(device, stream)])
 
 
-def _register_fast(kind: int, main, tensors: tuple) -> None:
-    """After a call launched as the fast path would (the main alone, on the arguments as given,
-    a positive scale, the stream's own counters): the fast path takes the calls with these
-    layouts from now on (and is built by the first)."""
-    if _fast_registers(tensors[0]):
-        fast_entry.register_plan(kind, main, tensors)
-        _register_counters(tensors[0].get_device())
+def _register_fast(kind: int, main, tensors: tuple, merge=None, shares: int = 1) -> None:
+    """After a call launched as the fast path would (main, and a split's merge, on the
+    arguments as given, a positive scale, the stream's own counters and workspace): the fast
+    path takes the calls with these layouts from now on (and is built by the first)."""
+    q = tensors[0]
+    if not _fast_registers(q):
+        return
+    fast_entry.register_plan(kind, main, tensors, merge, shares)
+    device = q.get_device()
+    _register_counters(device)
+    if merge is not None:  # the workspace this call used
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        rows, views, _ = _workspaces[(device, stream)]
+        fast_entry.register_workspace(device, stream, rows, *views)
 
 
 def _workspace(device: int, rows: int) -> tuple:
@@ -640,17 +647,18 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                       kv_last_page_len, sm_scale, output, lse, v_scale)  # fmt: skip
     except Exception as refusal:
         _named_refusal(refusal, lambda: _plan_paged(page_size, tensors, fp8))
-    kernel, pageless, indexless, num_pages, _, merge, gather = plan
-    # The main alone, on the arguments as given (_launch_paged's stand-ins and restrides).
+    kernel, pageless, indexless, num_pages, shares, merge, gather = plan
+    # The main (and a split's merge) on the arguments as given (_launch_paged's stand-ins and
+    # restrides); not a gather's two launches.
     as_given = (total_q != 1 or _lone_token(q, NUM_HEADS) is q) and (
         num_pages != 1 or (_one_page(k_cache) is k_cache and _one_page(v_cache) is v_cache)
     )  # fmt: skip
-    if (pageless is None and indexless is None and merge is None and gather is None
-            and as_given and sm_scale > 0):  # fmt: skip
+    if (pageless is None and indexless is None and gather is None and as_given
+            and sm_scale > 0):  # fmt: skip
         kind = fast_entry.PAGED_FP8 if fp8 else (
             fast_entry.PAGED_64 if page_size == 64 else fast_entry.PAGED_1
         )  # fmt: skip
-        _register_fast(kind, kernel, _paged_arguments(page_size, tensors)[1])
+        _register_fast(kind, kernel, _paged_arguments(page_size, tensors)[1], merge, shares)
 
 
 def _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,

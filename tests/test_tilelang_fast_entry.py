@@ -39,6 +39,9 @@ FAST_CASES = [
     ("tilelang_swa", RaggedCase((300, 129), (300, 700), window_left=-1), "_run_ragged"),
     ("tilelang_paged_ps64", PagedCase((100, 37), (900, 300), 64), "_run_paged"),
     ("tilelang_paged_ps1", PagedCase((100, 37), (900, 300), 1), "_run_paged"),
+    # Page size 1 gathered first (384 query rows a sequence or more): the gather into the
+    # stream's K and V buffers, then the ragged program over them.
+    ("tilelang_paged_ps1", PagedCase((400, 500), (900, 700), 1), "_run_paged"),
     ("tilelang_fp8kv",
      PagedCase((100, 37), (900, 300), 64, fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), "_run_paged"),
     # Decode-like: split-KV (main into the stream's workspace, then the merge), and the FP8
@@ -82,7 +85,7 @@ def test_fast_entry_builds_and_refuses_what_it_cannot_take():
     assert fast.padded(q4, kv4, kv4, 1, q4) is False  # not a bool: the Python entry's
     # A plan over CPU tensors is not kept: no call could take it.
     tensors = [q, kv, kv, indptr, indptr, q, lse]
-    fast.register_plan(entries.RAGGED, fast.plan_count, tensors, None, 1)
+    fast.register_plan(entries.RAGGED, fast.plan_count, tensors, None, 1, None)
     assert fast.plan_count(entries.RAGGED) == 0
 
 

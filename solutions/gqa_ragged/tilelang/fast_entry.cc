@@ -5,8 +5,8 @@
 // of host time (TUNING.md, "A cold call's host time"). Anything else returns false and the
 // Python entry takes the call as before:
 //   - a layout not planned yet (it plans it, then registers it here, unless its call launched
-//     something else than the main on the arguments as given: a stand-in, a restrided tensor,
-//     a split and its merge, a gather);
+//     something else than the main on the arguments as given: a stand-in, a restrided tensor;
+//     a split's merge and page size 1's gather are taken here too, with the stream's buffers);
 //   - a scale that is not a positive finite float, a window that is not a plain int;
 //   - a misaligned pointer;
 //   - a stream being captured into a CUDA graph (its counters are the graph's), or one without
@@ -49,14 +49,21 @@ struct Plan {
   // are shares x total_q).
   ffi::Optional<ffi::Function> merge;
   int64_t shares = 1;
+  // Page size 1 gathered first: the gather into the stream's K and V buffers (main is then the
+  // ragged program over them).
+  ffi::Optional<ffi::Function> gather;
 };
 
-// Split-KV's fp32 workspace views for `rows` rows on a stream (the Python entry's _workspace).
+// A stream's buffers by use (fast_entry.py's SPLIT_BUFFERS, GATHER_BUFFERS; the Python entry's
+// _stream_buffers): split-KV's fp32 output and LSE views for `rows` rows, or the gathered K and
+// V of `rows` keys (one entry a stream: the Python entry keeps one buffer a stream).
+enum Use : int64_t { kSplitBuffers = 0, kGatherBuffers = 1 };
 struct Workspace {
+  int64_t use;
   int32_t device;
   int64_t stream;
   int64_t rows;
-  ffi::Tensor out, lse;
+  ffi::Tensor first, second;
 };
 constexpr size_t kWorkspaces = 32;  // the oldest goes first when full
 
@@ -149,14 +156,14 @@ std::optional<ffi::Tensor> current_counters(int32_t device) {
   return std::nullopt;
 }
 
-// The current stream's workspace of `rows` rows on device, if registered.
-std::optional<std::pair<ffi::Tensor, ffi::Tensor>> current_workspace(int32_t device,
+// The current stream's buffers of use for `rows` rows on device, if registered.
+std::optional<std::pair<ffi::Tensor, ffi::Tensor>> current_workspace(Use use, int32_t device,
                                                                       int64_t rows) {
   const int64_t stream_id = reinterpret_cast<int64_t>(TVMFFIEnvGetStream(kDLCUDA, device));
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (const Workspace& w : workspaces) {
-    if (w.device == device && w.stream == stream_id && w.rows == rows) {
-      return std::make_pair(w.out, w.lse);
+    if (w.use == use && w.device == device && w.stream == stream_id && w.rows == rows) {
+      return std::make_pair(w.first, w.second);
     }
   }
   return std::nullopt;
@@ -200,31 +207,42 @@ void store(int64_t kind, Plan plan) {
 
 // merge (paged kinds only): the split or decode program's merge, after main wrote `shares`
 // shares of every row into the stream's workspace; None: main writes output and lse.
+// gather (page size 1 only): the pages into the stream's K and V buffers first, main then the
+// ragged program over them.
 void register_plan(int64_t kind, ffi::Function main, ffi::Array<ffi::Tensor> tensors,
-                   ffi::Optional<ffi::Function> merge, int64_t shares) {
+                   ffi::Optional<ffi::Function> merge, int64_t shares,
+                   ffi::Optional<ffi::Function> gather) {
   TVM_FFI_ICHECK(0 <= kind && kind < kKinds && kind != kPadded) << "no plan kind " << kind;
   TVM_FFI_ICHECK(!merge || (kind >= kPaged64 && kind <= kPagedFp8 && shares >= 1))
       << "a merge for a paged plan, with its shares";
+  TVM_FFI_ICHECK(!gather || (kind == kPaged1 && !merge)) << "a gather for page size 1 alone";
   std::vector<int64_t> key;
   int32_t device = -1;
   for (const ffi::Tensor& t : tensors) {
     if (!append_layout(key, t.GetDLTensorPtr(), device)) return;  // never fast: not kept
   }
-  store(kind, Plan{std::move(key), std::move(main), {}, {}, std::move(merge), shares});
+  store(kind, Plan{std::move(key), std::move(main), {}, {}, std::move(merge), shares,
+                    std::move(gather)});
 }
 
-void register_workspace(int64_t device, int64_t stream, int64_t rows, ffi::Tensor out,
-                        ffi::Tensor lse) {
+// A stream's buffers of use for `rows` rows. The gathered K and V replace the stream's last
+// ones whatever their rows (the Python entry's buffer may have grown: the old one goes).
+void register_workspace(int64_t use, int64_t device, int64_t stream, int64_t rows,
+                        ffi::Tensor first, ffi::Tensor second) {
+  TVM_FFI_ICHECK(use == kSplitBuffers || use == kGatherBuffers) << "no buffer use " << use;
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (Workspace& w : workspaces) {
-    if (w.device == device && w.stream == stream && w.rows == rows) {
-      w.out = std::move(out);
-      w.lse = std::move(lse);
+    if (w.use == use && w.device == device && w.stream == stream &&
+        (w.rows == rows || use == kGatherBuffers)) {
+      w.rows = rows;
+      w.first = std::move(first);
+      w.second = std::move(second);
       return;
     }
   }
   if (workspaces.size() == kWorkspaces) workspaces.erase(workspaces.begin());
-  workspaces.push_back(Workspace{int32_t(device), stream, rows, std::move(out), std::move(lse)});
+  workspaces.push_back(
+      Workspace{use, int32_t(device), stream, rows, std::move(first), std::move(second)});
 }
 
 // The padded entry's plan for q, k, v and out with the causal flag: main, the plan's indptr
@@ -355,21 +373,28 @@ namespace {
 // or, with a merge, the stream's workspace of shares x total_q rows and then the merge into
 // output and lse (false if that workspace is not registered yet).
 template <typename... Head>
-bool launch_paged(Kind kind, const std::vector<int64_t>& key, int32_t device, int64_t total_q,
-                  const ffi::AnyView& output, const ffi::AnyView& lse, const Head&... head) {
-  const std::optional<ffi::Tensor> counters = current_counters(device);
-  if (!counters) return false;
-  const std::shared_ptr<const Plan> plan = find_plan(kind, key);
-  if (plan == nullptr) return false;
-  if (!plan->merge) {
-    plan->main(head..., output, lse, *counters);
+bool launch_paged(const Plan& plan, const ffi::Tensor& counters, int32_t device,
+                  int64_t total_q, const ffi::AnyView& output, const ffi::AnyView& lse,
+                  const Head&... head) {
+  if (!plan.merge) {
+    plan.main(head..., output, lse, counters);
     return true;
   }
-  const auto workspace = current_workspace(device, plan->shares * total_q);
+  const auto workspace = current_workspace(kSplitBuffers, device, plan.shares * total_q);
   if (!workspace) return false;
-  plan->main(head..., workspace->first, workspace->second, *counters);
-  (*plan->merge)(workspace->first, workspace->second, output, lse);
+  plan.main(head..., workspace->first, workspace->second, counters);
+  (*plan.merge)(workspace->first, workspace->second, output, lse);
   return true;
+}
+
+// The plan of kind for key, and the current stream's counters; nullopt if either is missing.
+std::optional<std::pair<std::shared_ptr<const Plan>, ffi::Tensor>> plan_and_counters(
+    Kind kind, const std::vector<int64_t>& key, int32_t device) {
+  const std::optional<ffi::Tensor> counters = current_counters(device);
+  if (!counters) return std::nullopt;
+  std::shared_ptr<const Plan> plan = find_plan(kind, key);
+  if (plan == nullptr) return std::nullopt;
+  return std::make_pair(std::move(plan), *counters);
 }
 
 }  // namespace
@@ -384,7 +409,10 @@ bool paged_ps64(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
       device);
   const auto scale = positive_float(sm_scale);
   if (!key || !scale) return false;
-  return launch_paged(kPaged64, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+  const auto target = plan_and_counters(kPaged64, *key, device);
+  if (!target) return false;
+  const auto& [plan, counters] = *target;
+  return launch_paged(*plan, counters, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
                       v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                       (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale);
 }
@@ -397,9 +425,25 @@ bool paged_ps1(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
       layout_key({q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, output, lse}, device);
   const auto scale = positive_float(sm_scale);
   if (!key || !scale) return false;
-  return launch_paged(kPaged1, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
-                      v_cache, qo_indptr, kv_indptr, kv_indices,
-                      (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], *scale);
+  const auto target = plan_and_counters(kPaged1, *key, device);
+  if (!target) return false;
+  const auto& [plan, counters] = *target;
+  const int64_t rows = (*tensor(kv_indices))->shape[0], pages = (*tensor(k_cache))->shape[0];
+  if (plan->gather) {
+    // The pages into the stream's K and V buffers (in q's dtype), then the ragged program over
+    // them, kv_indptr indexing keys as it indexed pages (the Python entry's _run_gathered).
+    const auto buffers = current_workspace(kGatherBuffers, device, rows);
+    if (!buffers) return false;
+    const DLDataType dtype = (*tensor(q))->dtype;
+    const DLDataType buffer_dtype = buffers->first.dtype();
+    if (buffer_dtype.code != dtype.code || buffer_dtype.bits != dtype.bits) return false;
+    (*plan->gather)(k_cache, v_cache, kv_indices, pages, buffers->first, buffers->second);
+    plan->main(q, buffers->first, buffers->second, qo_indptr, kv_indptr, rows, *scale, output,
+               lse, counters);
+    return true;
+  }
+  return launch_paged(*plan, counters, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+                      v_cache, qo_indptr, kv_indptr, kv_indices, rows, pages, *scale);
 }
 
 bool paged_ps64_fp8kv(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache,
@@ -416,7 +460,10 @@ bool paged_ps64_fp8kv(ffi::AnyView q, ffi::AnyView k_cache, ffi::AnyView v_cache
   // fold_kv_scales: k_scale joins the softmax scale, which the kernel needs positive.
   const double scale = *softmax_scale * *k;
   if (!(scale > 0.0 && scale < INFINITY)) return false;
-  return launch_paged(kPagedFp8, *key, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
+  const auto target = plan_and_counters(kPagedFp8, *key, device);
+  if (!target) return false;
+  const auto& [plan, counters] = *target;
+  return launch_paged(*plan, counters, device, (*tensor(q))->shape[0], output, lse, q, k_cache,
                       v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                       (*tensor(kv_indices))->shape[0], (*tensor(k_cache))->shape[0], scale,
                       *v);

@@ -15,6 +15,8 @@ from pathlib import Path
 
 # The plan kinds, as fast_entry.cc numbers them.
 RAGGED, WINDOW, PAGED_64, PAGED_1, PAGED_FP8, PADDED = range(6)
+# A stream's buffers, by use: split-KV's fp32 workspace, and page size 1's gathered K and V.
+SPLIT_BUFFERS, GATHER_BUFFERS = range(2)
 ENTRIES = ("ragged", "ragged_swa", "paged_ps64", "paged_ps1", "paged_ps64_fp8kv", "padded")
 FUNCTIONS = ENTRIES + (
     "register_plan", "register_padded", "register_counters", "register_workspace", "clear",
@@ -57,20 +59,22 @@ def _build():
     return built
 
 
-def register_plan(kind: int, main, tensors, merge=None, shares: int = 1) -> None:
+def register_plan(kind: int, main, tensors, merge=None, shares: int = 1, gather=None) -> None:
     """After a call the Python entry launched as the fast path would: calls with these
     tensors' layouts go to main from now on (paged split-KV and decode programs: main into the
-    stream's workspace of shares x total_q rows, then merge)."""
+    stream's workspace of shares x total_q rows, then merge; page size 1 gathered first: gather
+    into the stream's K and V buffers, then main over them)."""
     built = module()
     if built is not None:
-        built.register_plan(kind, main, list(tensors), merge, shares)
+        built.register_plan(kind, main, list(tensors), merge, shares, gather)
 
 
-def register_workspace(device: int, stream: int, rows: int, out, lse) -> None:
-    """A stream's split-KV workspace views for `rows` rows (the Python entry's _workspace)."""
+def register_workspace(use: int, device: int, stream: int, rows: int, first, second) -> None:
+    """A stream's buffer views for `rows` rows (the Python entry's _stream_buffers): split-KV's
+    output and LSE (use SPLIT_BUFFERS), or the gathered K and V (GATHER_BUFFERS)."""
     built = _module
     if built is not None:
-        built.register_workspace(device, stream, rows, out, lse)
+        built.register_workspace(use, device, stream, rows, first, second)
 
 
 def register_padded(main, tensors, causal: bool, plan_tensors, view_strides) -> None:

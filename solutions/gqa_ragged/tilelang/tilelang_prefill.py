@@ -34,6 +34,7 @@ packed split program for it (A/B timing); the plan is cached per shape, so set i
 first call.
 """
 
+import math
 import os
 
 import torch
@@ -111,8 +112,10 @@ _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
 _paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
 _fp8_plans = PlanCache()  # as _paged_plans[64], for FP8 caches
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
-# (device index, stream) -> split-KV's fp32 workspace (flat) and its last views
+# (device index, stream, use) -> (rows, dtype, its last views, the flat buffer): split-KV's
+# fp32 workspace, and page size 1's gathered K and V (_stream_buffers)
 _workspaces = {}
+SPLIT_BUFFERS, GATHER_BUFFERS = fast_entry.SPLIT_BUFFERS, fast_entry.GATHER_BUFFERS
 
 
 def _scheduler(device: int):
@@ -145,45 +148,64 @@ def _register_counters(device: int) -> None:
     fast_entry.register_counters(device, stream, _schedulers[(device, stream)])
 
 
-def _register_fast(kind: int, main, tensors: tuple, merge=None, shares: int = 1) -> None:
+def _register_fast(kind: int, main, tensors: tuple, merge=None, shares: int = 1,
+                   gather=None) -> None:  # fmt: skip
     """After a call launched as the fast path would (main, and a split's merge, on the
-    arguments as given, a positive scale, the stream's own counters and workspace): the fast
-    path takes the calls with these layouts from now on (and is built by the first)."""
+    arguments as given; or page size 1's gather, then main over the gathered K and V; a
+    positive scale, the stream's own counters and buffers): the fast path takes the calls with
+    these layouts from now on (and is built by the first)."""
     q = tensors[0]
     if not _fast_registers(q):
         return
-    fast_entry.register_plan(kind, main, tensors, merge, shares)
+    fast_entry.register_plan(kind, main, tensors, merge, shares, gather)
     device = q.get_device()
     _register_counters(device)
-    if merge is not None:  # the workspace this call used
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        rows, views, _ = _workspaces[(device, stream)]
-        fast_entry.register_workspace(device, stream, rows, *views)
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    for use, used in ((SPLIT_BUFFERS, merge), (GATHER_BUFFERS, gather)):
+        if used is not None:  # the buffers this call used
+            rows, _, views, _ = _workspaces[(device, stream, use)]
+            fast_entry.register_workspace(use, device, stream, rows, *views)
 
 
 def _workspace(device: int, rows: int) -> tuple:
     """Split-KV's fp32 workspaces for `rows` rows (shares x total_q): the shares' outputs
-    [rows, 32, 128] and LSE [rows, 32], views of one buffer per stream, grown on demand (a
-    launch on the stream that used the old buffer runs before the next one: stream order; two
-    streams get two buffers, as the work counters). A call captured into a CUDA graph gets a
-    buffer of its own (the graph's: a kept one could be freed by a later call that grows it, or
-    be shared with eager calls on another stream, while the graph still writes it)."""
-    kept = not torch.cuda.is_current_stream_capturing()
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    entry = _workspaces.get((device, stream)) if kept else None
-    if entry is not None and entry[0] == rows:
-        return entry[1]
-    size = rows * NUM_HEADS * (HEAD_DIM + 1)
-    buffer = entry[2] if entry is not None and entry[2].numel() >= size else None
+    [rows, 32, 128] and LSE [rows, 32] (_stream_buffers)."""
+    shapes = ((NUM_HEADS, HEAD_DIM), (NUM_HEADS,))
+    return _stream_buffers(SPLIT_BUFFERS, device, rows, torch.float32, shapes)
+
+
+def _gather_buffers(device: int, rows: int, dtype: torch.dtype) -> tuple:
+    """Page size 1's gathered K and V, [rows, 8, 128] each in q's dtype (_stream_buffers)."""
+    shapes = ((NUM_KV_HEADS, HEAD_DIM), (NUM_KV_HEADS, HEAD_DIM))
+    return _stream_buffers(GATHER_BUFFERS, device, rows, dtype, shapes)
+
+
+def _stream_buffers(use: int, device: int, rows: int, dtype: torch.dtype, shapes) -> tuple:
+    """Views [rows, *shape] for each of shapes, one after another in one flat buffer per stream
+    and use, grown on demand (a launch on the stream that used the old buffer runs before the
+    next one: stream order; two streams get two buffers, as the work counters). A call captured
+    into a CUDA graph gets a buffer of its own (the graph's: a kept one could be freed by a
+    later call that grows it, or be shared with eager calls on another stream, while the graph
+    still writes it). device -1: the CPU (tests of the programs on it), a buffer a call."""
+    kept = device >= 0 and not torch.cuda.is_current_stream_capturing()
+    stream = torch._C._cuda_getCurrentRawStream(device) if kept else None
+    entry = _workspaces.get((device, stream, use)) if kept else None
+    if entry is not None and entry[0] == rows and entry[1] == dtype:
+        return entry[2]
+    sizes = [rows * math.prod(shape) for shape in shapes]
+    size = sum(sizes)
+    buffer = None
+    if entry is not None and entry[1] == dtype and entry[3].numel() >= size:
+        buffer = entry[3]
     if buffer is None:
-        buffer = torch.empty(size, dtype=torch.float32, device=f"cuda:{device}")
-    outputs = rows * NUM_HEADS * HEAD_DIM
-    views = (
-        buffer[:outputs].view(rows, NUM_HEADS, HEAD_DIM),
-        buffer[outputs:size].view(rows, NUM_HEADS),
-    )
+        buffer = torch.empty(size, dtype=dtype, device=f"cuda:{device}" if device >= 0 else "cpu")
+    views, start = [], 0
+    for shape, numel in zip(shapes, sizes):
+        views.append(buffer[start:start + numel].view(rows, *shape))
+        start += numel
+    views = tuple(views)
     if kept:
-        _workspaces[(device, stream)] = (rows, views, buffer)
+        _workspaces[(device, stream, use)] = (rows, dtype, views, buffer)
     return views
 
 
@@ -648,17 +670,18 @@ def _run_paged(page_size, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
     except Exception as refusal:
         _named_refusal(refusal, lambda: _plan_paged(page_size, tensors, fp8))
     kernel, pageless, indexless, num_pages, shares, merge, gather = plan
-    # The main (and a split's merge) on the arguments as given (_launch_paged's stand-ins and
-    # restrides); not a gather's two launches.
+    # The main (and a split's merge, or a gather first) on the arguments as given
+    # (_launch_paged's stand-ins and restrides).
     as_given = (total_q != 1 or _lone_token(q, NUM_HEADS) is q) and (
         num_pages != 1 or (_one_page(k_cache) is k_cache and _one_page(v_cache) is v_cache)
     )  # fmt: skip
-    if (pageless is None and indexless is None and gather is None and as_given
-            and sm_scale > 0):  # fmt: skip
+    if pageless is None and indexless is None and as_given and sm_scale > 0:
         kind = fast_entry.PAGED_FP8 if fp8 else (
             fast_entry.PAGED_64 if page_size == 64 else fast_entry.PAGED_1
         )  # fmt: skip
-        _register_fast(kind, kernel, _paged_arguments(page_size, tensors)[1], merge, shares)
+        main, gather = (kernel, None) if gather is None else (gather[1], gather[0])
+        _register_fast(kind, main, _paged_arguments(page_size, tensors)[1], merge, shares,
+                       gather)  # fmt: skip
 
 
 def _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -703,7 +726,6 @@ def _run_gathered(kernels, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices
     an id may name (0 for a 1-page stand-in cache)."""
     gather, ragged = kernels
     rows = kv_indices.shape[0]
-    kv = torch.empty((2, rows, NUM_KV_HEADS, HEAD_DIM), dtype=q.dtype, device=q.device)
-    k, v = kv[0], kv[1]
+    k, v = _gather_buffers(q.get_device(), rows, q.dtype)
     gather(k_cache, v_cache, kv_indices, page_count, k, v)
     ragged(q, k, v, qo_indptr, kv_indptr, rows, sm_scale, output, lse, scheduler)

@@ -429,3 +429,38 @@ class PlanCache(OrderedDict):
         if len(self) > self.capacity:
             self.popitem(last=False)
         return plan
+
+
+class StreamBuffers(dict):
+    """Scratch buffers (split-KV's shares, gathered pages) kept per (device index, stream):
+    views of one flat buffer each, grown on demand, with the last call's views, so that a call
+    of the same shapes allocates nothing and builds no view (host time, which flashinfer-bench
+    counts). Launches on one stream run in order, so a call's kernels are done with its buffer
+    before the next call's write it; two streams get two buffers. A call on CPU tensors (device
+    -1: interpreted, tests) and a call captured into a CUDA graph get buffers of their own (a
+    graph's: a kept one could be freed by a later call that grows it, or be shared with eager
+    calls on another stream, while the graph still writes it)."""
+
+    def views(self, device: int, dtype: torch.dtype, shapes: tuple) -> tuple:
+        """Views of these shapes, one after another in the buffer (each starts 16-byte aligned
+        when the sizes before it are multiples of 16 bytes)."""
+        kept = device >= 0 and not torch.cuda.is_current_stream_capturing()
+        slot = (device, torch._C._cuda_getCurrentRawStream(device)) if kept else None
+        entry = self.get(slot) if kept else None
+        if entry is not None and entry[0] == (dtype, shapes):
+            return entry[1]
+        sizes = [math.prod(shape) for shape in shapes]
+        buffer = None
+        if entry is not None and entry[2].dtype == dtype and entry[2].numel() >= sum(sizes):
+            buffer = entry[2]
+        if buffer is None:
+            where = f"cuda:{device}" if device >= 0 else "cpu"
+            buffer = torch.empty(sum(sizes), dtype=dtype, device=where)
+        views, start = [], 0
+        for shape, size in zip(shapes, sizes):
+            views.append(buffer[start : start + size].view(shape))
+            start += size
+        views = tuple(views)
+        if kept:
+            self[slot] = ((dtype, shapes), views, buffer)
+        return views

@@ -31,6 +31,7 @@ TRITON_SOURCES = (
     "paged_kv.py",
     "split_kv.py",
     "gluon_attention.py",
+    "launcher.py",
 )
 TILELANG_SOURCES = (
     "tilelang_prefill.py",

@@ -529,3 +529,37 @@ def test_cuda_entry_gathers_pages_by_the_same_rule():
     assert f"kMaxBytes = int64_t({arguments.PAGE_GATHER_MAX_BYTES >> 20}) << 20;" in source
     assert arguments.PAGE_GATHER_MAX_BYTES % (1 << 20) == 0
     assert source.count('"PREFILL_BUNDLE_PAGE_GATHER"') == 1
+
+
+def test_stream_buffers_on_the_cpu_are_fresh_each_call():
+    buffers = arguments.StreamBuffers()
+    a = buffers.views(-1, torch.float16, ((3, 8, 128), (3, 8, 128)))
+    b = buffers.views(-1, torch.float16, ((3, 8, 128), (3, 8, 128)))
+    assert [v.shape for v in a] == [(3, 8, 128), (3, 8, 128)]
+    assert a[0].data_ptr() != b[0].data_ptr() and not buffers
+    assert a[1].data_ptr() == a[0].data_ptr() + 3 * 8 * 128 * 2  # one after the other
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_stream_buffers_are_kept_per_stream_and_grown():
+    buffers = arguments.StreamBuffers()
+    shapes = ((4, 32, 128), (4, 32))
+    first = buffers.views(0, torch.float32, shapes)
+    assert buffers.views(0, torch.float32, shapes) is first  # same shapes: the same views
+    smaller = buffers.views(0, torch.float32, ((2, 32, 128), (2, 32)))
+    assert smaller[0].data_ptr() == first[0].data_ptr()  # fits: the same buffer
+    assert smaller[1].data_ptr() == first[0].data_ptr() + 2 * 32 * 128 * 4
+    grown = buffers.views(0, torch.float32, ((64, 32, 128), (64, 32)))
+    assert grown[0].numel() == 64 * 32 * 128
+    other = buffers.views(0, torch.bfloat16, shapes)  # another dtype: another buffer
+    assert other[0].dtype == torch.bfloat16
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        theirs = buffers.views(0, torch.bfloat16, shapes)
+        assert theirs[0].data_ptr() != other[0].data_ptr()  # a stream of its own
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = buffers.views(0, torch.bfloat16, shapes)
+        assert captured[0].data_ptr() not in (theirs[0].data_ptr(), other[0].data_ptr())
+    assert len(buffers) == 2

@@ -34,7 +34,6 @@ packed split program for it (A/B timing); the plan is cached per shape, so set i
 first call.
 """
 
-import math
 import os
 
 import torch
@@ -48,6 +47,7 @@ from .arguments import (
     RAGGED_NAMES,
     VALIDATE,
     PlanCache,
+    StreamBuffers,
     check_causal,
     check_indptr_values,
     check_layout,
@@ -112,10 +112,8 @@ _swa_plans = PlanCache()  # as ragged, for the sliding-window kernel
 _paged_plans = {page_size: PlanCache() for page_size in PAGE_SIZES}
 _fp8_plans = PlanCache()  # as _paged_plans[64], for FP8 caches
 _schedulers = {}  # (device index, stream) -> the persistent kernel's work counters, int32 [2]
-# (device index, stream, use) -> (rows, dtype, its last views, the flat buffer): split-KV's
-# fp32 workspace, and page size 1's gathered K and V (_stream_buffers)
-_workspaces = {}
-SPLIT_BUFFERS, GATHER_BUFFERS = fast_entry.SPLIT_BUFFERS, fast_entry.GATHER_BUFFERS
+_split_buffers = StreamBuffers()  # split-KV's fp32 workspace
+_gathered = StreamBuffers()  # page size 1's gathered K and V
 
 
 def _scheduler(device: int):
@@ -161,52 +159,24 @@ def _register_fast(kind: int, main, tensors: tuple, merge=None, shares: int = 1,
     device = q.get_device()
     _register_counters(device)
     stream = torch._C._cuda_getCurrentRawStream(device)
-    for use, used in ((SPLIT_BUFFERS, merge), (GATHER_BUFFERS, gather)):
+    for use, buffers, used in ((fast_entry.SPLIT_BUFFERS, _split_buffers, merge),
+                               (fast_entry.GATHER_BUFFERS, _gathered, gather)):  # fmt: skip
         if used is not None:  # the buffers this call used
-            rows, _, views, _ = _workspaces[(device, stream, use)]
-            fast_entry.register_workspace(use, device, stream, rows, *views)
+            views = buffers[(device, stream)][1]
+            fast_entry.register_workspace(use, device, stream, views[0].shape[0], *views)
 
 
 def _workspace(device: int, rows: int) -> tuple:
     """Split-KV's fp32 workspaces for `rows` rows (shares x total_q): the shares' outputs
-    [rows, 32, 128] and LSE [rows, 32] (_stream_buffers)."""
-    shapes = ((NUM_HEADS, HEAD_DIM), (NUM_HEADS,))
-    return _stream_buffers(SPLIT_BUFFERS, device, rows, torch.float32, shapes)
+    [rows, 32, 128] and LSE [rows, 32], kept per stream (StreamBuffers)."""
+    shapes = ((rows, NUM_HEADS, HEAD_DIM), (rows, NUM_HEADS))
+    return _split_buffers.views(device, torch.float32, shapes)
 
 
 def _gather_buffers(device: int, rows: int, dtype: torch.dtype) -> tuple:
-    """Page size 1's gathered K and V, [rows, 8, 128] each in q's dtype (_stream_buffers)."""
-    shapes = ((NUM_KV_HEADS, HEAD_DIM), (NUM_KV_HEADS, HEAD_DIM))
-    return _stream_buffers(GATHER_BUFFERS, device, rows, dtype, shapes)
-
-
-def _stream_buffers(use: int, device: int, rows: int, dtype: torch.dtype, shapes) -> tuple:
-    """Views [rows, *shape] for each of shapes, one after another in one flat buffer per stream
-    and use, grown on demand (a launch on the stream that used the old buffer runs before the
-    next one: stream order; two streams get two buffers, as the work counters). A call captured
-    into a CUDA graph gets a buffer of its own (the graph's: a kept one could be freed by a
-    later call that grows it, or be shared with eager calls on another stream, while the graph
-    still writes it). device -1: the CPU (tests of the programs on it), a buffer a call."""
-    kept = device >= 0 and not torch.cuda.is_current_stream_capturing()
-    stream = torch._C._cuda_getCurrentRawStream(device) if kept else None
-    entry = _workspaces.get((device, stream, use)) if kept else None
-    if entry is not None and entry[0] == rows and entry[1] == dtype:
-        return entry[2]
-    sizes = [rows * math.prod(shape) for shape in shapes]
-    size = sum(sizes)
-    buffer = None
-    if entry is not None and entry[1] == dtype and entry[3].numel() >= size:
-        buffer = entry[3]
-    if buffer is None:
-        buffer = torch.empty(size, dtype=dtype, device=f"cuda:{device}" if device >= 0 else "cpu")
-    views, start = [], 0
-    for shape, numel in zip(shapes, sizes):
-        views.append(buffer[start:start + numel].view(rows, *shape))
-        start += numel
-    views = tuple(views)
-    if kept:
-        _workspaces[(device, stream, use)] = (rows, dtype, views, buffer)
-    return views
+    """Page size 1's gathered K and V, [rows, 8, 128] each in q's dtype, kept per stream."""
+    shapes = ((rows, NUM_KV_HEADS, HEAD_DIM), (rows, NUM_KV_HEADS, HEAD_DIM))
+    return _gathered.views(device, dtype, shapes)
 
 
 def _sm_count(device: int) -> int:
@@ -720,8 +690,8 @@ def _launch_paged(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, k
 
 def _run_gathered(kernels, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, page_count,
                   sm_scale, output, lse, scheduler):  # fmt: skip
-    """Page size 1 on a prefill-like batch (arguments.gathers_pages): the pages into two fresh
-    buffers (torch's caching allocator, freed in stream order when the call returns), then the
+    """Page size 1 on a prefill-like batch (arguments.gathers_pages): the pages into the
+    stream's K and V buffers (StreamBuffers, registered with the fast path), then the
     ragged program over them, kv_indptr indexing keys as it indexed pages. page_count: the pages
     an id may name (0 for a 1-page stand-in cache)."""
     gather, ragged = kernels

@@ -30,6 +30,7 @@ from .arguments import (
     RAGGED_NAMES,
     VALIDATE,
     PlanCache,
+    StreamBuffers,
     check_causal,
     check_indptr_values,
     check_layout,
@@ -45,6 +46,7 @@ from .arguments import (
     token_stride,
 )
 from .attention_kernel import gqa_prefill_fwd
+from .launcher import direct_runner
 from .paged_kv import gather_pages
 from .split_kv import merge_kv_splits
 
@@ -99,8 +101,9 @@ def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
     The JIT binds and specializes every argument on every call (22-31 us of host time a call on
     the H100 machine, more than a short prompt's kernel), so the compiled kernel it returns is
     kept in the plan's `runners` under `key` (per device and kernel), and launched directly
-    while the pointers keep the 16-byte alignment it was specialized on (every call's pointers
-    have it: check_placement). The plan fixes everything else the compiled kernel depends on
+    (launcher.direct_runner: triton's C launcher, TMA descriptor encodings kept) while the
+    pointers keep the 16-byte alignment it was specialized on (every call's pointers have it:
+    check_placement). The plan fixes everything else the compiled kernel depends on
     (dtypes, which arguments are None, the constexprs; the integers are not specialized). The
     interpreter takes the JIT path. constexprs: a function, called only when compiling."""
     if not INTERPRET:
@@ -111,9 +114,8 @@ def _cached_launch(kernel, grid, constexprs, runners, key, args) -> None:
     values = constexprs()
     compiled = kernel[grid](*args, **values)
     if not INTERPRET:
-        launch = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        values = compiled_constexprs(kernel, values)
-        runners[key] = lambda *run_args: launch(*run_args, *values)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        runners[key] = direct_runner(compiled, grid, compiled_constexprs(kernel, values))
 
 
 def compiled_constexprs(kernel, values: dict) -> list:
@@ -172,38 +174,17 @@ def _plan_splits(meta: dict, tokens_per_seq: float, batch: int, kv_tokens: int, 
     return _kv_splits(tokens_per_seq, batch, kv_tokens, meta["BLOCK_N"], _sm_count(device))
 
 
-# (device index, stream) -> split-KV's fp32 workspace: (its views' key, the views, the buffer)
-_workspaces = {}
+_split_buffers = StreamBuffers()  # split-KV's fp32 shares
+_gathered = StreamBuffers()  # page size 1's gathered K and V
 
 
 def _split_workspace(out, lse, splits: int) -> tuple:
-    """Split-KV's fp32 workspaces for `splits` shares of out and lse: views of one buffer per
-    (device, stream), grown on demand and kept, with the last call's views, so that a call of
-    the same shape allocates nothing and builds no view (13-26 us of host time before the
-    launch on the H200 hosts, which flashinfer-bench's timer counts: TUNING.md, host time on
-    the decode rows). Launches on one stream run
-    in order, so a call's merge has read the buffer before the next call's shares write it;
-    two streams get two buffers (as the Gluon kernels' item counters). The interpreter's CPU
-    calls allocate their own, and so does a call captured into a CUDA graph (its buffer then
-    the graph's: a kept one could be freed by a later call that grows it, or be shared with
-    eager calls on another stream, while the graph still writes it)."""
-    part_size = splits * out.numel()  # a multiple of 128 floats: part_lse stays aligned
-    size = part_size + splits * lse.numel()
-    device = out.get_device()
-    kept = device >= 0 and not torch.cuda.is_current_stream_capturing()
-    slot = (device, torch._C._cuda_getCurrentRawStream(device)) if kept else None
-    shapes = (splits, out.shape, lse.shape)
-    entry = _workspaces.get(slot)  # None for the interpreter's calls: never kept
-    if entry is not None and entry[0] == shapes:
-        return entry[1]
-    buffer = entry[2] if entry is not None and entry[2].numel() >= size else None
-    if buffer is None:
-        buffer = torch.empty(size, dtype=torch.float32, device=out.device)
-    views = (buffer[:part_size].view(splits, *out.shape),
-             buffer[part_size:size].view(splits, *lse.shape))  # fmt: skip
-    if slot is not None:
-        _workspaces[slot] = (shapes, views, buffer)
-    return views
+    """Split-KV's fp32 workspaces for `splits` shares of out and lse, kept per stream
+    (StreamBuffers: a call of the same shape allocates nothing and builds no view, 13-26 us of
+    host time before the launch on the H200 hosts: TUNING.md, host time on the decode rows).
+    The shares' outputs are a multiple of 128 floats: their LSE stays aligned."""
+    shapes = ((splits, *out.shape), (splits, *lse.shape))
+    return _split_buffers.views(out.get_device(), torch.float32, shapes)
 
 
 def _launch_split(grid, meta, runners, args) -> None:
@@ -723,12 +704,11 @@ GATHER_CONSTEXPRS = dict(ROW=NUM_KV_HEADS * HEAD_DIM, ROWS=GATHER_ROWS, num_warp
 
 def launch_gathered(plan, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale,
                     output, lse):  # fmt: skip
-    """A GatherPlan's call: the pages into two fresh buffers (torch's caching allocator, freed
-    in stream order when the call returns), then the ragged kernel over them, kv_indptr now
-    indexing keys as it indexed pages."""
+    """A GatherPlan's call: the pages into the stream's K and V buffers (StreamBuffers), then
+    the ragged kernel over them, kv_indptr now indexing keys as it indexed pages."""
     num_kv_indices, grid, runners, ragged = plan
-    kv = torch.empty((2, num_kv_indices, NUM_KV_HEADS, HEAD_DIM), dtype=q.dtype, device=q.device)
-    k, v = kv[0], kv[1]
+    shape = (num_kv_indices, NUM_KV_HEADS, HEAD_DIM)
+    k, v = _gathered.views(q.get_device(), q.dtype, (shape, shape))
     args = (k_cache, v_cache, kv_indices, k, v, num_kv_indices, k_cache.shape[0],
             k_cache.stride(0), v_cache.stride(0))  # fmt: skip
     _cached_launch(gather_pages, grid, lambda: GATHER_CONSTEXPRS, runners, q.get_device(), args)

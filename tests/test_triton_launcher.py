@@ -72,6 +72,16 @@ def test_descriptor_encodings_are_kept_by_address_and_shape(monkeypatch):
     assert len(encodings[0]) == 1
 
 
+def test_a_launch_hook_is_set_only_when_one_is_added():
+    launcher = launcher_module()
+    chain = triton.knobs.HookChain()
+    assert not launcher._hooked(None) and not launcher._hooked(chain)
+    chain.add(print)
+    assert launcher._hooked(chain) and launcher._hooked(print)
+    # triton's own chains are empty unless a profiler adds to them: the direct launches run.
+    assert not launcher._hooked(triton.knobs.runtime.launch_enter_hook)
+
+
 def test_kernels_it_cannot_take_keep_tritons_runner():
     launcher = launcher_module()
     calls = []
@@ -124,10 +134,12 @@ def test_direct_gluon_launches_match_tritons_runner(monkeypatch):
         fn(*args[:-2], *direct)
         # Triton's runner: a launch hook set makes the direct launch hand over to it.
         hooked = []
-        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", hooked.append)
+        triton.knobs.runtime.launch_enter_hook.add(hooked.append)
         runner = poisoned_outputs(case, args)
-        fn(*args[:-2], *runner)
-        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
+        try:
+            fn(*args[:-2], *runner)
+        finally:
+            triton.knobs.runtime.launch_enter_hook.remove(hooked.append)
         torch.cuda.synchronize()
         assert hooked, "triton's runner did not run"
         for a, b in zip(direct, runner):

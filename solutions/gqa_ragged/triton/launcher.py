@@ -36,7 +36,7 @@ def direct_runner(compiled, grid: tuple, constexprs: list):
     encodings = {position: {} for position, _ in descriptors}
 
     def launch(*args):
-        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             fallback(*args)
             return
         args = (*args, *constexprs)
@@ -45,6 +45,12 @@ def direct_runner(compiled, grid: tuple, constexprs: list):
         c_launch(grid_x, grid_y, grid_z, current_stream(current_device()), *fixed, *args)
 
     return launch
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: triton 3.6's are chains (HookChain), empty unless a
+    profiler adds to them; older ones None or a function."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _launcher_parts(compiled):

@@ -379,6 +379,12 @@ def poisoned_outputs(case, inputs) -> list:
     return [out, torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=q.device)]
 
 
+def poisoned_call(case, device: str = "cuda", seed: int = 0) -> list:
+    """A destination-passing call's arguments: fresh inputs, then outputs full of NaN."""
+    inputs = make_inputs(case, device, seed)
+    return inputs + poisoned_outputs(case, inputs)
+
+
 @lru_cache(maxsize=None)
 def load_solution(name: str) -> Solution:
     for path in (REPO_ROOT / "solutions").rglob(f"{name}.json"):

@@ -21,7 +21,7 @@ from prefill_bundle.testing import (
     build_solution,
     check_outputs,
     entry_module,
-    make_inputs,
+    poisoned_call,
     poisoned_outputs,
     reference_outputs,
 )
@@ -97,11 +97,6 @@ def test_fast_entry_is_off_with_the_environment_switch(monkeypatch):
     assert entries.module() is None
 
 
-def arguments(case, seed=0) -> list:
-    inputs = make_inputs(case, "cuda", seed)
-    return inputs + poisoned_outputs(case, inputs)
-
-
 @needs_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize(
@@ -110,7 +105,7 @@ def arguments(case, seed=0) -> list:
 def test_planned_calls_take_the_fast_path(solution, case, python, monkeypatch):
     fn = build_solution(solution)
     entry = entry_module(fn)
-    first = arguments(case)
+    first = poisoned_call(case)
     fn(*first)  # the Python entry plans and registers it
     torch.cuda.synchronize()
 
@@ -119,7 +114,7 @@ def test_planned_calls_take_the_fast_path(solution, case, python, monkeypatch):
 
     monkeypatch.setattr(entry, python, python_entry)
     n = len(poisoned_outputs(case, first))  # the outputs: out (padded), or output and lse
-    again = arguments(case, seed=1)
+    again = poisoned_call(case, seed=1)
     fn(*again)
     check_outputs(again[-n:], reference_outputs(case, again[:-n]))
     # The same inputs through the planned call and the fast one: the same bits.
@@ -134,7 +129,7 @@ def test_planned_calls_take_the_fast_path(solution, case, python, monkeypatch):
     else:
         longer = replace(case, q_lens=(case.q_lens[0] + 1, *case.q_lens[1:]))
     with pytest.raises(AssertionError, match="Python entry"):
-        fn(*arguments(longer))
+        fn(*poisoned_call(longer))
 
 
 @needs_cuda
@@ -143,22 +138,22 @@ def test_new_streams_and_captures_go_to_the_python_entry(monkeypatch):
     case = RaggedCase((300, 129), (300, 700))
     fn = build_solution("tilelang_ragged")
     entry = entry_module(fn)
-    fn(*arguments(case))
+    fn(*poisoned_call(case))
     taken = []
     python_path = entry._run_ragged
     monkeypatch.setattr(entry, "_run_ragged", lambda *a: taken.append(1) or python_path(*a))
-    fn(*arguments(case))
+    fn(*poisoned_call(case))
     assert taken == []  # planned, on its stream: fast
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        args = arguments(case)
+        args = poisoned_call(case)
         fn(*args)  # the stream's first call: its counters are made and registered
         assert len(taken) == 1
         fn(*args)
         assert len(taken) == 1
     torch.cuda.synchronize()
     check_outputs(args[-2:], reference_outputs(case, args[:-2]))
-    args = arguments(case)
+    args = poisoned_call(case)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn(*args)
@@ -177,7 +172,7 @@ def test_calls_the_entry_restrides_stay_on_the_python_entry(monkeypatch):
     case = RaggedCase((1,), (700,))
     fn = build_solution("tilelang_ragged")
     entry = entry_module(fn)
-    args = arguments(case)
+    args = poisoned_call(case)
     fused = torch.empty(1, 48, 128, dtype=args[0].dtype, device="cuda")
     fused[:, :32] = args[0]
     args[0] = fused[:, :32]  # token stride 48 x 128

@@ -19,7 +19,7 @@ from prefill_bundle.testing import (
     build_solution,
     check_outputs,
     entry_module,
-    make_inputs,
+    poisoned_call,
     poisoned_outputs,
     reference_outputs,
 )
@@ -107,11 +107,6 @@ def test_kernels_it_cannot_take_keep_tritons_runner():
     assert launcher._launcher_parts(object()) is None
 
 
-def arguments(case, seed=0) -> list:
-    inputs = make_inputs(case, "cuda", seed)
-    return inputs + poisoned_outputs(case, inputs)
-
-
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.gpu
 def test_direct_gluon_launches_match_tritons_runner(monkeypatch):
@@ -119,14 +114,14 @@ def test_direct_gluon_launches_match_tritons_runner(monkeypatch):
     case = RaggedCase((700, 600), (700, 900))
     fn = build_solution("triton_ragged")
     entry = entry_module(fn)
-    first = arguments(case)
+    first = poisoned_call(case)
     fn(*first)
     torch.cuda.synchronize()
     plan = entry._ragged_plans[next(reversed(entry._ragged_plans))]
     assert isinstance(plan, entry.GluonRaggedPlan), "not the Gluon kernel's plan"
     check_outputs(first[-2:], reference_outputs(case, first[:-2]))
     # New tensors (new addresses: new descriptors), then the first ones again (kept ones).
-    second = arguments(case, seed=1)
+    second = poisoned_call(case, seed=1)
     fn(*second)
     check_outputs(second[-2:], reference_outputs(case, second[:-2]))
     for args in (first, second):

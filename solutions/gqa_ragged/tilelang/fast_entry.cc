@@ -178,15 +178,14 @@ std::shared_ptr<const Plan> find_plan(Kind kind, const std::vector<int64_t>& key
   return nullptr;
 }
 
-// The planned main of kind for key, and the current stream's work counters on device.
-std::optional<std::pair<ffi::Function, ffi::Tensor>> planned(Kind kind,
-                                                             const std::vector<int64_t>& key,
-                                                             int32_t device) {
+// The plan of kind for key, and the current stream's counters; nullopt if either is missing.
+std::optional<std::pair<std::shared_ptr<const Plan>, ffi::Tensor>> plan_and_counters(
+    Kind kind, const std::vector<int64_t>& key, int32_t device) {
   const std::optional<ffi::Tensor> counters = current_counters(device);
   if (!counters) return std::nullopt;
-  const std::shared_ptr<const Plan> plan = find_plan(kind, key);
+  std::shared_ptr<const Plan> plan = find_plan(kind, key);
   if (plan == nullptr) return std::nullopt;
-  return std::make_pair(plan->main, *counters);
+  return std::make_pair(std::move(plan), *counters);
 }
 
 // Keeps plan under kind (the oldest goes when full); a key already there stays as it is.
@@ -308,10 +307,9 @@ bool padded(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView causal,
   auto key = layout_key({q, k, v, out}, device);
   if (!key) return false;
   key->push_back(*causal.as<bool>());
-  const std::optional<ffi::Tensor> counters = current_counters(device);
-  if (!counters) return false;
-  const std::shared_ptr<const Plan> plan = find_plan(kPadded, *key);
-  if (plan == nullptr) return false;
+  const auto target = plan_and_counters(kPadded, *key, device);
+  if (!target) return false;
+  const auto& [plan, counters] = *target;
   const DLTensor *tq = *tensor(q), *tk = *tensor(k), *tv = *tensor(v), *to = *tensor(out);
   if (tq->ndim != 4 || tk->ndim != 4) return false;  // the key's layouts: 4-d as planned
   const int64_t total_q = tq->shape[0] * tq->shape[1], total_kv = tk->shape[0] * tk->shape[1];
@@ -325,7 +323,7 @@ bool padded(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView causal,
   DLTensor out3 = view_3d(to, out_shape, plan->strides.data() + 9);
   const double scale = std::pow(double(tq->shape[3]), -0.5);  // as Python: HEAD_DIM**-0.5
   plan->main(&q3, &k3, &v3, plan->tensors[0], plan->tensors[1], total_kv, scale, &out3,
-             plan->tensors[2], *counters);
+             plan->tensors[2], counters);
   return true;
 }
 
@@ -336,9 +334,10 @@ bool ragged(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_indp
   const auto scale = positive_float(sm_scale);
   if (!key || !scale) return false;
   const int64_t total_kv = (*tensor(k))->shape[0];
-  const auto target = planned(kRagged, *key, device);
+  const auto target = plan_and_counters(kRagged, *key, device);
   if (!target) return false;
-  target->first(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse, target->second);
+  target->first->main(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse,
+                      target->second);
   return true;
 }
 
@@ -355,15 +354,16 @@ bool ragged_swa(ffi::AnyView q, ffi::AnyView k, ffi::AnyView v, ffi::AnyView qo_
   const int64_t total_kv = (*tensor(k))->shape[0];
   // No window, or one at least as long as the keys: the causal program (run_ragged_swa).
   if (window < 0 || window >= total_kv) {
-    const auto target = planned(kRagged, *key, device);
+    const auto target = plan_and_counters(kRagged, *key, device);
     if (!target) return false;
-    target->first(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse, target->second);
+    target->first->main(q, k, v, qo_indptr, kv_indptr, total_kv, *scale, output, lse,
+                        target->second);
     return true;
   }
-  const auto target = planned(kWindow, *key, device);
+  const auto target = plan_and_counters(kWindow, *key, device);
   if (!target) return false;
-  target->first(q, k, v, qo_indptr, kv_indptr, total_kv, window, *scale, output, lse,
-                target->second);
+  target->first->main(q, k, v, qo_indptr, kv_indptr, total_kv, window, *scale, output, lse,
+                      target->second);
   return true;
 }
 
@@ -387,15 +387,6 @@ bool launch_paged(const Plan& plan, const ffi::Tensor& counters, int32_t device,
   return true;
 }
 
-// The plan of kind for key, and the current stream's counters; nullopt if either is missing.
-std::optional<std::pair<std::shared_ptr<const Plan>, ffi::Tensor>> plan_and_counters(
-    Kind kind, const std::vector<int64_t>& key, int32_t device) {
-  const std::optional<ffi::Tensor> counters = current_counters(device);
-  if (!counters) return std::nullopt;
-  std::shared_ptr<const Plan> plan = find_plan(kind, key);
-  if (plan == nullptr) return std::nullopt;
-  return std::make_pair(std::move(plan), *counters);
-}
 
 }  // namespace
 

@@ -26,11 +26,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashinfer_bench import Trace, TraceSet
-from flashinfer_bench.data import load_jsonl_file
+from flashinfer_bench import TraceSet
 
 from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.packing import BASELINE_AUTHOR, SOLUTIONS
+from prefill_bundle.report import with_run
 from prefill_bundle.workloads import MINI_SHAPES, PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
 FAST, TRITON = ("cuda", "tilelang"), ("triton",)
@@ -110,26 +110,6 @@ def checks(trace_set: TraceSet) -> tuple:
     return found, failed
 
 
-def with_run(trace_set: TraceSet, folder: Path) -> TraceSet:
-    """The same TraceSet with each definition that has a .jsonl under `folder` (a copy of some
-    run's traces/) taking that run's traces in place of the committed ones."""
-    run, seen = {}, set()
-    for path in sorted(folder.rglob("*.jsonl")):
-        for t in load_jsonl_file(Trace, path):
-            key = (t.definition, t.workload.uuid, t.solution)
-            if key in seen:  # two runs in one folder: which one is judged would be arbitrary
-                raise SystemExit(f"issue_bars.py: {key} twice under {folder}")
-            seen.add(key)
-            run.setdefault(t.definition, []).append(t)
-    if not run:
-        raise SystemExit(f"issue_bars.py: no .jsonl traces under {folder}")
-    unknown = set(run) - set(trace_set.definitions)
-    if unknown:
-        raise SystemExit(f"issue_bars.py: traces for unknown definitions {sorted(unknown)}")
-    trace_set.traces.update(run)
-    return trace_set
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--failing", action="store_true", help="only the bars missed")
@@ -140,7 +120,10 @@ def main():
     found, failed = checks(TraceSet.from_path(str(REPO_ROOT)))
     committed = {(c.issue, c.definition, c.workload, c.solution, c.bar): c.ratio for c in found}
     if args.traces is not None:
-        found, failed = checks(with_run(TraceSet.from_path(str(REPO_ROOT)), args.traces))
+        try:
+            found, failed = checks(with_run(TraceSet.from_path(str(REPO_ROOT)), args.traces))
+        except ValueError as error:
+            raise SystemExit(f"issue_bars.py: {error}") from None
     for t in failed:
         print("NOT PASSED: {} / {} / {}: {}".format(*t))
     for c in sorted(found, key=lambda c: (c.ok, c.issue, c.definition, c.workload, c.solution)):

@@ -10,6 +10,7 @@ import torch
 from flashinfer_bench import TraceSet
 
 from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
+from prefill_bundle.report import with_run
 from prefill_bundle.testing import load_script
 
 bars_script = load_script("issue_bars")
@@ -58,10 +59,10 @@ def test_ratios_are_report_mds():
 
 
 def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path):
-    """issue_bars.py --traces: the definitions a run's folder holds are judged on its traces
-    alone (here the committed window traces with FlashInfer's latencies doubled, so every ratio
-    of that definition doubles), every other definition on the committed ones; a folder with a
-    trace twice, with an unknown definition, or with no traces is refused."""
+    """issue_bars.py --traces (report.with_run): the definitions a run's folder holds are judged
+    on its traces alone (here the committed window traces with FlashInfer's latencies doubled,
+    so every ratio of that definition doubles), every other definition on the committed ones;
+    a folder with a trace twice, with an unknown definition, or with no traces is refused."""
     committed = TraceSet.from_path(str(REPO_ROOT))
     before = {(c.definition, c.workload, c.solution, c.bar): c.ratio
               for c in bars_script.checks(committed)[0]}  # fmt: skip
@@ -73,7 +74,7 @@ def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path)
         lines.append(json.dumps(record))
     (tmp_path / "gqa_ragged").mkdir()
     (tmp_path / "gqa_ragged" / f"{SWA}.jsonl").write_text("\n".join(lines) + "\n")
-    run = bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    run = with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
     after = {(c.definition, c.workload, c.solution, c.bar): c.ratio
              for c in bars_script.checks(run)[0]}  # fmt: skip
     assert after.keys() == before.keys()
@@ -81,13 +82,13 @@ def test_another_runs_traces_are_judged_in_place_of_the_committed_ones(tmp_path)
         expected = 2 * before[key] if key[0] == SWA else before[key]
         assert abs(ratio - expected) < 1e-9 * expected, key
     (tmp_path / "again.jsonl").write_text(lines[0] + "\n")
-    with pytest.raises(SystemExit, match="twice"):
-        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    with pytest.raises(ValueError, match="twice"):
+        with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
     (tmp_path / "again.jsonl").write_text(lines[0].replace(SWA, "no_such_definition") + "\n")
-    with pytest.raises(SystemExit, match="unknown definitions"):
-        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
-    with pytest.raises(SystemExit, match="no .jsonl traces"):
-        bars_script.with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path / "gqa_paged")
+    with pytest.raises(ValueError, match="unknown definitions"):
+        with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path)
+    with pytest.raises(ValueError, match="no .jsonl traces"):
+        with_run(TraceSet.from_path(str(REPO_ROOT)), tmp_path / "gqa_paged")
 
 
 def test_item_balance_counts_the_kernels_items():

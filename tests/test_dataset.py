@@ -4,6 +4,7 @@ generated files are in sync with their sources."""
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,6 +184,28 @@ def test_report_is_generated_from_the_committed_traces():
     from prefill_bundle.report import render
 
     assert (REPO_ROOT / "report.md").read_text() == render(load()), "run: python scripts/report.py"
+
+
+H200_SNAPSHOT = "blob/h200/traces"
+
+
+def test_h200_report_is_generated_from_its_snapshot():
+    """report_h200.md: the H200 run's traces (every definition, each through flashinfer-bench's
+    models), rendered with its RUN.md; its traces PASSED and name the H200, the committed
+    traces/ the H100 (the issues' bars are judged on those)."""
+    from prefill_bundle.report import report
+
+    text, trace_set, _ = report(Path(H200_SNAPSHOT), "report_h200.md", "an NVIDIA H200")
+    assert (REPO_ROOT / "report_h200.md").read_text() == text, (
+        f'run: python scripts/report.py --traces {H200_SNAPSHOT} --out report_h200.md '
+        '--title "an NVIDIA H200"'
+    )
+    assert set(trace_set.traces) == set(trace_set.definitions)
+    snapshot = [t for ts in trace_set.traces.values() for t in ts]
+    assert all(t.is_successful() for t in snapshot)
+    assert {t.evaluation.environment.hardware for t in snapshot} == {"NVIDIA H200"}
+    committed = [t for ts in load().traces.values() for t in ts]
+    assert {t.evaluation.environment.hardware for t in committed} == {"NVIDIA H100 80GB HBM3"}
 
 
 def test_long_shapes_table_counts_masked_flops_and_ratios():

@@ -198,21 +198,34 @@ def _kv_tiles(q_half, k_smem, v_smem, k_full, k_empty, v_full, v_empty, turns, a
 
 @gluon.jit
 def _index_ranges():
-    """A consumer's index vectors: key columns of S, rows and head dims of O."""
+    """A consumer's index vectors: key columns of S, rows of O."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KV_BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, DIM, 16])
     cols = gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(0, s_layout))
     rows = gl.arange(0, HALF_M, layout=gl.SliceLayout(1, o_layout))
-    dims = gl.arange(0, DIM, layout=gl.SliceLayout(0, o_layout))
-    return cols, rows, dims
+    return cols, rows
+
+
+@gluon.jit
+def _store_rows(out_ptr, acc, row0, m0, seq_q, head, out_row_stride):
+    """A consumer warpgroup's output rows m0 .. m0 + 63 (token 0 at out row row0), those below
+    seq_q, in 16-byte stores: the accumulator's layout gives each thread pairs of 2 elements
+    (4-byte stores, 32 a thread, each register's reuse waiting for its store), so the tile goes
+    through shared memory (convert_layout) into rows of 8 elements a thread first."""
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    out = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
+    rows = gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    dims = gl.arange(0, DIM, layout=gl.SliceLayout(0, store_layout))
+    offsets = (row0 + m0 + rows)[:, None] * out_row_stride + head * DIM + dims[None, :]
+    gl.store(out_ptr + offsets, out, mask=(m0 + rows < seq_q)[:, None])
 
 
 @gluon.jit
 def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                   turns, out_ptr, lse_ptr, out_row0, m0, seq_q, seq_kv, shift, num_tiles, head,
-                  tile, count, qk_scale, out_row_stride, causal, pingpong, wg, cols, rows, dims,
+                  tile, count, qk_scale, out_row_stride, causal, pingpong, wg, cols, rows,
                   RAGGED: gl.constexpr, first_tile=0, window_left=-1,
                   WINDOW: gl.constexpr = False, poisoned=None):
     """One consumer warpgroup's part of an item: query rows m0 .. m0 + 63 of a sequence of
@@ -221,7 +234,7 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     first one a row of it does not see whole run masked, those before without. Q is released
     (q_empty) after the item's last S, before the last P V and the output's stores, so the
     producer loads the next item's meanwhile. shift: seq_kv - seq_q (bottom-right: query row r
-    sees keys up to r + shift); cols, rows, dims: _index_ranges (the caller's, hoisted out of its
+    sees keys up to r + shift); cols, rows: _index_ranges (the caller's, hoisted out of its
     item loop). RAGGED: the last tile's V may come from cp.async (a fence before its P V), and
     the rows' LSE (base 2) are stored. WINDOW (causal): a row sees the keys from its last one
     minus window_left; the item's num_tiles key tiles start at first_tile (the band's first),
@@ -316,10 +329,8 @@ def _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_fu
     acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
     if poisoned is not None:
         acc = gl.where(poisoned != 0, float("nan"), acc)
+    _store_rows(out_ptr, acc, out_row0, m0, seq_q, head, out_row_stride)
     in_seq = m0 + rows < seq_q
-    offsets = ((out_row0 + m0 + rows)[:, None] * out_row_stride + head * DIM
-               + dims[None, :])  # fmt: skip
-    gl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=in_seq[:, None])
     if RAGGED:  # base 2, -inf where a row saw no key
         m_o = gl.convert_layout(m_i, row_o)
         lse = gl.where(l_o == 0, -float("inf"), m_o + gl.log2(l_o))
@@ -345,8 +356,6 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     cols = gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(0, s_layout))
-    rows = gl.arange(0, HALF_M, layout=row_o)
-    dims = gl.arange(0, DIM, layout=gl.SliceLayout(0, o_layout))
     shift = seq_kv - seq_q  # bottom-right: query row r sees keys up to r + shift
     tile = 0
     count = 0
@@ -403,10 +412,7 @@ def _consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, 
         # A row without keys: 0 (a NaN among its keys stays NaN: l_o is NaN, not 0).
         l_o = gl.convert_layout(l_i, row_o)
         acc = gl.where((l_o == 0)[:, None], 0.0, acc / l_o[:, None])
-        offsets = ((batch * seq_q + m0 + rows)[:, None] * out_row_stride + head * DIM
-                   + dims[None, :])  # fmt: skip
-        gl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty),
-                 mask=(m0 + rows < seq_q)[:, None])
+        _store_rows(out_ptr, acc, batch * seq_q, m0, seq_q, head, out_row_stride)
         tile += num_tiles
         count += 1
         item = next_item
@@ -712,7 +718,7 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
     """One consumer warpgroup of the ragged kernel: rows wg x 64 .. wg x 64 + 63 of each item's
     row block (_consume_item), its output and LSE; the item's numbers from the producer.
     WINDOW: the sliding window's (the item's tiles from first_tile)."""
-    cols, rows, dims = _index_ranges()
+    cols, rows = _index_ranges()
     tile = 0
     count = 0
     mbarrier.wait(q_full, 0)  # the item's numbers are written
@@ -721,7 +727,7 @@ def _ragged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
-                      causal, pingpong, wg, cols, rows, dims, True, first_tile, window_left,
+                      causal, pingpong, wg, cols, rows, True, first_tile, window_left,
                       WINDOW)  # fmt: skip
         tile += num_tiles
         count += 1
@@ -893,7 +899,7 @@ def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_
                     turns, item_smem, out_ptr, lse_ptr, qk_scale, out_row_stride,
                     pingpong, wg):
     """_ragged_consumer over a paged batch: causal, and an item's poison flag honoured."""
-    cols, rows, dims = _index_ranges()
+    cols, rows = _index_ranges()
     tile = 0
     count = 0
     mbarrier.wait(q_full, 0)  # the item's numbers are written
@@ -902,7 +908,7 @@ def _paged_consumer(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_
         _consume_item(q_half, k_smem, v_smem, q_full, q_empty, k_full, k_empty, v_full, v_empty,
                       turns, out_ptr, lse_ptr, q_start, m0 + wg * HALF_M, q_len, kv_len,
                       kv_len - q_len, num_tiles, head, tile, count, qk_scale, out_row_stride,
-                      1, pingpong, wg, cols, rows, dims, True, poisoned=poisoned)  # fmt: skip
+                      1, pingpong, wg, cols, rows, True, poisoned=poisoned)  # fmt: skip
         tile += num_tiles
         count += 1
         mbarrier.wait(q_full, count & 1)

@@ -188,11 +188,11 @@ def with_run(trace_set: TraceSet, folder: Path) -> TraceSet:
 
 def render(trace_set: TraceSet, source: str = "traces/", command: str = "python scripts/report.py",
            image: str = "report_ratios.png", title: str = "the H100", run: str = "",
-           extras: bool = True) -> str:  # fmt: skip
+           extras: bool = True, kernel_time: Path | None = KERNEL_TIME_MD) -> str:  # fmt: skip
     """report.md's text. Another run's (report.py --traces): the `source` folder and the
     `command` that wrote it, its `image`, the device in the `title`, a paragraph on the `run`,
-    and without the committed run's extras (issue 19's kernel-time table, measured on the H100;
-    the CUDA kernels' ptxas resources)."""
+    its own `kernel_time` table (long_shapes.py's, from the same device) if it has one, and
+    without the committed run's extras (the CUDA kernels' ptxas resources)."""
     backend_of = {s.name: s.backend for s in SOLUTIONS}
     lines = [
         f"# GQA prefill attention on {title}: results",
@@ -257,8 +257,8 @@ def render(trace_set: TraceSet, source: str = "traces/", command: str = "python 
         ]
         lines += ["| geometric mean ratio | " + " | ".join(geo) + " |", ""]
     lines += apply_choices(trace_set)
-    if extras and KERNEL_TIME_MD.exists():
-        lines += [KERNEL_TIME_MD.read_text()]
+    if kernel_time is not None and kernel_time.exists():
+        lines += [kernel_time.read_text()]
     if extras and RESOURCES_MD.exists():  # the CUDA kernels' registers and shared memory
         lines += [RESOURCES_MD.read_text()]
     lines += ["## How these numbers were produced", ""]
@@ -281,13 +281,14 @@ def report(traces: Path | None = None, out: str = "report.md", title: str = "the
     of another run's under `traces` (a copy of its traces/; RUN.md beside that folder, where
     the run came from, heads the report)."""
     trace_set = TraceSet.from_path(str(REPO_ROOT))
-    source, command, run = "traces/", "python scripts/report.py", ""
+    source, command, run, kernel_time = "traces/", "python scripts/report.py", "", KERNEL_TIME_MD
     if traces is not None:
         with_run(trace_set, REPO_ROOT / traces)
         source = f"{Path(traces).as_posix().rstrip('/')}/"
         command += f' --traces {Path(traces).as_posix()} --out {out} --title "{title}"'
         run_md = REPO_ROOT / Path(traces).parent / "RUN.md"
         run = run_md.read_text().strip() if run_md.exists() else ""
+        kernel_time = REPO_ROOT / Path(traces).parent / "kernel_time.md"
     image = Path(out).stem + "_ratios.png"
-    text = render(trace_set, source, command, image, title, run, extras=traces is None)
+    text = render(trace_set, source, command, image, title, run, traces is None, kernel_time)
     return text, trace_set, image

@@ -3,7 +3,8 @@
     python scripts/report.py
 
 or the same for another run's traces (a copy of its traces/), e.g. the H200 snapshot, headed by
-RUN.md beside the traces' folder (where and from what code the run came):
+RUN.md beside the traces' folder (where and from what code the run came), with the kernel-time
+table of `long_shapes.py` from the same device if a kernel_time.md lies there too:
 
     python scripts/report.py --traces blob/h200/traces --out report_h200.md --title "an NVIDIA H200"
 """

@@ -191,8 +191,8 @@ H200_SNAPSHOT = "blob/h200/traces"
 
 def test_h200_report_is_generated_from_its_snapshot():
     """report_h200.md: the H200 run's traces (every definition, each through flashinfer-bench's
-    models), rendered with its RUN.md; its traces PASSED and name the H200, the committed
-    traces/ the H100 (the issues' bars are judged on those)."""
+    models), rendered with its RUN.md and its own kernel-time table; its traces PASSED and name
+    the H200, the committed traces/ the H100 (the issues' bars are judged on those)."""
     from prefill_bundle.report import report
 
     text, trace_set, _ = report(Path(H200_SNAPSHOT), "report_h200.md", "an NVIDIA H200")
@@ -206,6 +206,8 @@ def test_h200_report_is_generated_from_its_snapshot():
     assert {t.evaluation.environment.hardware for t in snapshot} == {"NVIDIA H200"}
     committed = [t for ts in load().traces.values() for t in ts]
     assert {t.evaluation.environment.hardware for t in committed} == {"NVIDIA H100 80GB HBM3"}
+    kernel_time = text.split("## Kernel time on the long shapes", 1)[1].split("\n## ", 1)[0]
+    assert "- NVIDIA H200, " in kernel_time and "H100" not in kernel_time
 
 
 def test_long_shapes_table_counts_masked_flops_and_ratios():

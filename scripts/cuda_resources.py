@@ -16,6 +16,9 @@ _ENTRY = r"ptxas info\s+: Compiling entry function "
 _PAGED = re.compile(r"(gqa_prefill_paged(?:_wgmma)?_kernel)I\d+(\w+?)Li(\d+)E")
 # The sliding-window kernels (gqa_prefill_swa*_kernel<dtype>) are the ragged causal ones.
 _SWA = re.compile(r"(gqa_prefill_swa(?:_wgmma)?_kernel)I\d+(\w+?)EEv")
+# The padded non-causal kernel of short sequences (gqa_prefill_full128_wgmma_kernel<dtype>): the
+# causal family's tiles under the full mask.
+_FULL128 = re.compile(r"(gqa_prefill_full128_wgmma_kernel)I\d+(\w+?)EEv")
 # The FP8 paged kernels (gqa_prefill_paged_fp8*_kernel<dtype>): page size 64, FP8 staging.
 _FP8 = re.compile(r"(gqa_prefill_paged_fp8(?:_wgmma)?_kernel)I\d+(\w+?)EEv")
 _FP8_NOTES = {
@@ -49,14 +52,15 @@ _PAGED_NOTES = {
 
 def resources_markdown(output: str) -> str:
     """cuda_build.resources_markdown's table of the padded and ragged kernels (whose names it
-    reads), then a row for each paged kernel (gqa_prefill_paged*_kernel<dtype, page size>) and
-    each sliding-window kernel (gqa_prefill_swa*_kernel<dtype, causal window>)."""
+    reads), then a row for each paged kernel (gqa_prefill_paged*_kernel<dtype, page size>),
+    each sliding-window kernel (gqa_prefill_swa*_kernel<dtype, causal window>) and each padded
+    non-causal kernel on 128-key tiles (gqa_prefill_full128_wgmma_kernel<dtype, full, padded>)."""
     head, *blocks = re.split(f"({_ENTRY})", output)
     kept, paged = [head], {}
     for marker, block in zip(blocks[::2], blocks[1::2]):
         name = block.split("'")[1]
         match = _PAGED.search(name)
-        swa = _SWA.search(name)
+        swa = _SWA.search(name) or _FULL128.search(name)
         fp8 = _FP8.search(name)
         merge = _MERGE.search(name) or _GATHER.search(name)
         decode = _DECODE.search(name)
@@ -84,9 +88,11 @@ def resources_markdown(output: str) -> str:
         if swa is not None:
             kernel, dtype = swa.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
-            causal = (cuda_build.DYNAMIC_SMEM[(kernel.replace("_swa", ""), "causal")],
-                      cuda_build.SETMAXNREG.get((kernel.replace("_swa", ""), "causal"), ""))
-            paged[f"{kernel}<{dtype}, causal window>"] = (
+            causal_kernel = kernel.replace("_swa", "").replace("_full128", "")
+            causal = (cuda_build.DYNAMIC_SMEM[(causal_kernel, "causal")],
+                      cuda_build.SETMAXNREG.get((causal_kernel, "causal"), ""))
+            mask = "full, padded" if "_full128" in kernel else "causal window"
+            paged[f"{kernel}<{dtype}, {mask}>"] = (
                 cuda_build.ptxas_report(marker + block).popitem()[1], (causal[1], causal[0])
             )
             continue

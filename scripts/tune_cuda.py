@@ -127,6 +127,12 @@ VARIANTS = {
             persistent=True,
         )
     ),
+    # Non-causal with the causal family's knobs: 128-key tiles, the output in a buffer of its
+    # own (the next item's Q loads during the epilogue), persistent; without FA3's turns (the
+    # Gluon kernel's choice: 0.99-1.01 of FlashInfer at 1x16384 on the H200, 2026-12-01 (40)),
+    # and with them.
+    "full_as_causal": BuildKnobs(full=SHIPPED_CAUSAL),
+    "full_as_causal_pingpong": BuildKnobs(full=replace(SHIPPED_CAUSAL, pingpong=True)),
     # FA3's turns between the consumer warpgroups (named barriers around each one's GEMM issue)
     # for every family; shipped for the non-causal one only since 2026-11-29 (17) (H200, kernel
     # time vs FlashInfer: 4x512 non-causal 0.86 -> 0.91, the causal and paged rows unchanged or

@@ -53,6 +53,9 @@ PAGED_PORTABLE_KERNEL = "gqa_prefill_paged_kernel"
 PAGED_WGMMA_KERNEL = "gqa_prefill_paged_wgmma_kernel"
 SWA_PORTABLE_KERNEL = "gqa_prefill_swa_kernel"
 SWA_WGMMA_KERNEL = "gqa_prefill_swa_wgmma_kernel"
+# Padded non-causal batches of short sequences: the causal family's 128-key tiles (per dtype, as
+# the window kernels; their portable kernel is gqa_prefill_kernel<dtype, full, padded>).
+FULL128_WGMMA_KERNEL = "gqa_prefill_full128_wgmma_kernel"
 
 
 def kernel_name(kernel: str, dtype: str, causal: bool, ragged: bool) -> str:
@@ -96,7 +99,7 @@ def test_entry_compiles(compiled, arch):
 def variant_resources(report: dict, kernel: str):
     """(variant, name, ptxas resources) of each variant of kernel; each must appear once."""
     paged = kernel in (PAGED_PORTABLE_KERNEL, PAGED_WGMMA_KERNEL)
-    swa = kernel in (SWA_PORTABLE_KERNEL, SWA_WGMMA_KERNEL)
+    swa = kernel in (SWA_PORTABLE_KERNEL, SWA_WGMMA_KERNEL, FULL128_WGMMA_KERNEL)
     variants = [(d,) for d in SWA_VARIANTS] if swa else PAGED_VARIANTS if paged else VARIANTS
     for variant in variants:
         naming = swa_kernel_name if swa else paged_kernel_name if paged else kernel_name
@@ -125,9 +128,10 @@ def test_every_kernel_variant_fits_two_ctas_per_sm(compiled):
     # + the FP8 paged kernels (portable and wgmma, per dtype): tests/test_cuda_fp8.py; + the
     # split-KV merge per dtype (tests/test_cuda_split_kv.py); + page size 1's page gather per
     # dtype (tests/test_cuda_paged.py); + the FP8 decode kernel per dtype and group of 1 or 4
-    # tokens (test_decode_kernel_fits_three_ctas_per_sm).
+    # tokens (test_decode_kernel_fits_three_ctas_per_sm); + the padded non-causal 128-key
+    # wgmma kernel per dtype.
     expected = (2 * len(VARIANTS) + 2 * len(PAGED_VARIANTS) + 2 * len(SWA_VARIANTS) + 2 * 2 + 2
-                + 2 + 4)  # fmt: skip
+                + 2 + 4 + 2)  # fmt: skip
     assert len(report) == expected, f"unexpected kernels: {list(report)}"
 
 
@@ -136,7 +140,7 @@ def test_wgmma_kernel_variants_do_not_spill_or_serialize(compiled):
     returncode, output = compiled["90a"]
     assert returncode == 0, output
     report = ptxas_report(output)
-    for kernel in (WGMMA_KERNEL, PAGED_WGMMA_KERNEL, SWA_WGMMA_KERNEL):
+    for kernel in (WGMMA_KERNEL, PAGED_WGMMA_KERNEL, SWA_WGMMA_KERNEL, FULL128_WGMMA_KERNEL):
         for _, name, resources in variant_resources(report, kernel):
             registers, spill_stores, spill_loads, _ = resources
             assert registers <= 255 and spill_stores == 0 and spill_loads == 0, (name, resources)
@@ -355,6 +359,32 @@ def test_window_kernels_are_the_causal_ones(compiled, objects):
                 assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
             assert "HGMMA" not in functions[portable[0]]
             assert "HMMA" in functions[portable[0]]
+
+
+@needs_nvcc
+def test_full128_kernels_run_the_causal_tiles(compiled, objects):
+    """sm_90a: the padded non-causal kernel of short sequences runs the causal family's 128-key
+    tiles (HGMMA m64 n128 for Q K^T as the causal kernels, TMA, setmaxnreg), never 176 keys;
+    the sm_90 build holds a stub."""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump found")
+    assert all(returncode == 0 for returncode, _ in compiled.values())
+    for arch in ("90", "90a"):
+        functions = sass_by_function(cuobjdump, objects[arch])
+        for dtype in SWA_VARIANTS:
+            wgmma = [f for f in functions if swa_kernel_name(FULL128_WGMMA_KERNEL, dtype) in f]
+            assert len(wgmma) == 1, list(functions)
+            sass = functions[wgmma[0]]
+            if arch == "90a":
+                hgmma = sass.count("HGMMA.64x128x16.F32")
+                assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
+                assert "HGMMA.64x176x16" not in sass
+                assert "BAR.ARV" not in sass, f"{wgmma[0]}: the causal family takes no turns"
+                for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
+                    assert instruction in sass, f"{wgmma[0]}: no {instruction}"
+            else:
+                assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
 
 
 # 2. The packed solutions and their argument checks -------------------------------------------

@@ -6,6 +6,9 @@ solution runs on the large cases. Baselines are not right where a query row sees
 the cases where every row sees a key with a positive scale; the bundle's own solutions get all.
 """
 
+import os
+from unittest import mock
+
 import pytest
 import torch
 
@@ -99,6 +102,29 @@ GPU_PS1_CASES = [
 def test_page_size_1_both_ways(solution, case, mode):
     with page_gather(mode, solution):
         check_against_reference(solution, case)
+
+
+# CUDA's padded non-causal batches on both tile shapes, whatever the key count would choose:
+# the full family's 176-key tiles ("0") and the causal family's 128-key ones ("1";
+# uses_short_key_tiles in cuda/entry_launch.cuh). Key counts off both tile grids, one key, seq_q
+# above and below seq_kv.
+GPU_FULL_CASES = [
+    PaddedCase(4, 512, 512, False),
+    PaddedCase(3, 129, 257, False),
+    PaddedCase(2, 1000, 300, False, torch.bfloat16),
+    PaddedCase(1, 1, 4097, False),
+    PaddedCase(2, 70, 1, False, torch.bfloat16),
+    PaddedCase(1, 2000, 5000, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["176_key_tiles", "128_key_tiles"])
+@pytest.mark.parametrize("case", GPU_FULL_CASES, ids=lambda case: case.id)
+def test_cuda_non_causal_both_tiles(case, mode):
+    with mock.patch.dict(os.environ, {"PREFILL_BUNDLE_SHORT_KEY_TILES": mode}):
+        check_against_reference("cuda_mini", case)
 
 
 @pytest.mark.parametrize("solution,case", matrix(CPU_FP8_CASES, GPU_FP8_CASES))

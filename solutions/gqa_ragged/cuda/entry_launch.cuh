@@ -287,12 +287,29 @@ inline int l2_section_keys(size_t element_bytes) {
   return static_cast<int>(kL2SectionBytes / (kHeadDim * 2 * element_bytes));
 }
 
+// Whether a non-causal padded batch runs gqa_prefill_full128_wgmma_kernel (the causal family's
+// tiles: 128 keys, the output in a buffer of its own, so the next item's Q loads during the
+// epilogue) instead of the full family's 176-key tiles: up to 1024 keys a sequence. H200,
+// kernel time over FlashInfer's, 176 / 128 keys (cuda/TUNING.md, "Short non-causal
+// sequences"): 4x512 0.91 / 1.12, 8x1024 1.00 / 1.07, 4x2048 0.96 / 0.94, 1x8192 0.97 / 0.90.
+// PREFILL_BUNDLE_SHORT_KEY_TILES=0 never, =1 always; read on every call, as
+// PREFILL_BUNDLE_PAGE_GATHER.
+bool uses_short_key_tiles(int64_t seq_kv) {
+  constexpr int64_t kShortKeys = 1024;
+  const char* mode = std::getenv("PREFILL_BUNDLE_SHORT_KEY_TILES");
+  if (mode != nullptr && std::strcmp(mode, "0") == 0) return false;
+  if (mode != nullptr && std::strcmp(mode, "1") == 0) return true;
+  return seq_kv <= kShortKeys;
+}
+
 // num_slots: query-tile slots (each one item per KV head); q_rows, kv_rows: rows of q and k.
 // kWindow: the sliding-window kernels (ragged, causal; params.window_left in [0, kv_rows)).
-template <typename T, bool kCausal, bool kRagged, bool kWindow = false>
+// kShortKeys: a non-causal padded batch on the causal family's tiles (uses_short_key_tiles).
+template <typename T, bool kCausal, bool kRagged, bool kWindow = false, bool kShortKeys = false>
 void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_rows,
             const DLDevice& device) {
   static_assert(!kWindow || (kCausal && kRagged), "the window is the ragged causal mask's band");
+  static_assert(!kShortKeys || !(kCausal || kRagged || kWindow), "128-key tiles: padded, full");
   auto* portable = [] {
     if constexpr (kWindow) {
       return gqa_prefill_swa_kernel<T>;
@@ -303,11 +320,13 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
   auto* hopper = [] {
     if constexpr (kWindow) {
       return gqa_prefill_swa_wgmma_kernel<T>;
+    } else if constexpr (kShortKeys) {
+      return gqa_prefill_full128_wgmma_kernel<T>;
     } else {
       return gqa_prefill_wgmma_kernel<T, kCausal, kRagged>;
     }
   }();
-  using Tiles = HopperTiles<kCausal>;
+  using Tiles = HopperTiles<kCausal || kShortKeys>;
   constexpr size_t kHopperSmem = HopperSmem<Tiles>::kBytes;
   static Path chosen[64] = {};
   const Path path = kernel_path(portable, hopper, kHopperSmem, params.scale_log2,
@@ -337,7 +356,10 @@ void launch(const Params& params, int64_t num_slots, int64_t q_rows, int64_t kv_
   } else {
     portable<<<static_cast<unsigned>(num_ctas), kNumThreads, kPortableSmemBytes, stream>>>(params);
   }
-  check_launch(path, kWindow ? "gqa_prefill_swa_wgmma_kernel" : "gqa_prefill_wgmma_kernel",
+  check_launch(path,
+               kWindow      ? "gqa_prefill_swa_wgmma_kernel"
+               : kShortKeys ? "gqa_prefill_full128_wgmma_kernel"
+                            : "gqa_prefill_wgmma_kernel",
                kWindow ? "gqa_prefill_swa_kernel" : "gqa_prefill_kernel", num_ctas);
 }
 

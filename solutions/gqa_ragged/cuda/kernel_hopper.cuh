@@ -569,6 +569,18 @@ __global__ void GQA_WGMMA_BOUNDS gqa_prefill_wgmma_kernel(const __grid_constant_
 #endif
 }
 
+// Padded non-causal batches of short sequences (uses_short_key_tiles in entry_launch.cuh): the
+// full mask on the causal family's tiles (128 keys, the output in a buffer of its own).
+template <typename T>
+__global__ void GQA_WGMMA_BOUNDS
+gqa_prefill_full128_wgmma_kernel(const __grid_constant__ HopperParams hp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  hopper_attention<T, false, ContiguousKv<false>, HopperTiles<true>>(hp, {});
+#else
+  __trap();
+#endif
+}
+
 // Paged K/V (causal only: the paged definitions are).
 template <typename T, int kPageSize>
 __global__ void GQA_WGMMA_BOUNDS

@@ -65,6 +65,10 @@ void run_padded(AnyView q_arg, AnyView k_arg, AnyView v_arg, AnyView causal_arg,
   if (causal) {
     bf16 ? launch<__nv_bfloat16, true, false>(params, num_slots, q_rows, kv_rows, device)
          : launch<half, true, false>(params, num_slots, q_rows, kv_rows, device);
+  } else if (uses_short_key_tiles(seq_kv)) {
+    bf16 ? launch<__nv_bfloat16, false, false, false, true>(params, num_slots, q_rows, kv_rows,
+                                                            device)
+         : launch<half, false, false, false, true>(params, num_slots, q_rows, kv_rows, device);
   } else {
     bf16 ? launch<__nv_bfloat16, false, false>(params, num_slots, q_rows, kv_rows, device)
          : launch<half, false, false>(params, num_slots, q_rows, kv_rows, device);

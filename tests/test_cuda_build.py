@@ -334,9 +334,16 @@ def test_decode_probe_compiles(tmp_path):
 
 
 @needs_nvcc
-def test_window_kernels_are_the_causal_ones(compiled, objects):
-    """sm_90a: the sliding-window Hopper kernel is the ragged causal one (its HGMMAs, TMA Q and
-    K/V boxes, setmaxnreg); the portable one uses mma.sync; the sm_90 build holds a stub."""
+@pytest.mark.parametrize(
+    "wgmma_kernel,portable_kernel",
+    [(SWA_WGMMA_KERNEL, SWA_PORTABLE_KERNEL), (FULL128_WGMMA_KERNEL, None)],
+    ids=["window", "full128"],
+)
+def test_kernels_on_the_causal_tiles(compiled, objects, wgmma_kernel, portable_kernel):
+    """sm_90a: the sliding-window Hopper kernel (the ragged causal one with a band) and the
+    padded non-causal kernel of short sequences run the causal family's tiles: 128-key HGMMAs,
+    none of 176 keys, TMA Q and K/V boxes, setmaxnreg, no turns. The window's portable kernel
+    uses mma.sync (full128's is the padded full one); the sm_90 build holds a stub."""
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump found")
@@ -344,47 +351,23 @@ def test_window_kernels_are_the_causal_ones(compiled, objects):
     for arch in ("90", "90a"):
         functions = sass_by_function(cuobjdump, objects[arch])
         for dtype in SWA_VARIANTS:
-            wgmma, portable = (
-                [f for f in functions if swa_kernel_name(kernel, dtype) in f]
-                for kernel in (SWA_WGMMA_KERNEL, SWA_PORTABLE_KERNEL)
-            )
-            assert len(wgmma) == 1 and len(portable) == 1, list(functions)
-            sass = functions[wgmma[0]]
-            hgmma = sass.count("HGMMA.64x128x16.F32")
-            if arch == "90a":
-                assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
-                for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
-                    assert instruction in sass, f"{wgmma[0]}: no {instruction}"
-            else:
-                assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
-            assert "HGMMA" not in functions[portable[0]]
-            assert "HMMA" in functions[portable[0]]
-
-
-@needs_nvcc
-def test_full128_kernels_run_the_causal_tiles(compiled, objects):
-    """sm_90a: the padded non-causal kernel of short sequences runs the causal family's 128-key
-    tiles (HGMMA m64 n128 for Q K^T as the causal kernels, TMA, setmaxnreg), never 176 keys;
-    the sm_90 build holds a stub."""
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        pytest.skip("no cuobjdump found")
-    assert all(returncode == 0 for returncode, _ in compiled.values())
-    for arch in ("90", "90a"):
-        functions = sass_by_function(cuobjdump, objects[arch])
-        for dtype in SWA_VARIANTS:
-            wgmma = [f for f in functions if swa_kernel_name(FULL128_WGMMA_KERNEL, dtype) in f]
+            wgmma = [f for f in functions if swa_kernel_name(wgmma_kernel, dtype) in f]
             assert len(wgmma) == 1, list(functions)
             sass = functions[wgmma[0]]
             if arch == "90a":
                 hgmma = sass.count("HGMMA.64x128x16.F32")
                 assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
-                assert "HGMMA.64x176x16" not in sass
+                assert "HGMMA.64x176x16" not in sass, f"{wgmma[0]}: 176-key tiles"
                 assert "BAR.ARV" not in sass, f"{wgmma[0]}: the causal family takes no turns"
                 for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
                     assert instruction in sass, f"{wgmma[0]}: no {instruction}"
             else:
                 assert "HGMMA" not in sass, f"{wgmma[0]}: the sm_90 stub holds HGMMA"
+            if portable_kernel is not None:
+                portable = [f for f in functions if swa_kernel_name(portable_kernel, dtype) in f]
+                assert len(portable) == 1, list(functions)
+                assert "HGMMA" not in functions[portable[0]]
+                assert "HMMA" in functions[portable[0]]
 
 
 # 2. The packed solutions and their argument checks -------------------------------------------

@@ -106,14 +106,15 @@ def test_page_size_1_both_ways(solution, case, mode):
 
 # CUDA's padded non-causal batches on both tile shapes, whatever the key count would choose:
 # the full family's 176-key tiles ("0") and the causal family's 128-key ones ("1";
-# uses_short_key_tiles in cuda/entry_launch.cuh). Key counts off both tile grids, one key, seq_q
-# above and below seq_kv.
+# uses_short_key_tiles in cuda/entry_launch.cuh). Key counts off both tile grids, one key, no
+# key (rows of zeros; added after the GPU run of 2026-12-01 (40)), seq_q above and below seq_kv.
 GPU_FULL_CASES = [
     PaddedCase(4, 512, 512, False),
     PaddedCase(3, 129, 257, False),
     PaddedCase(2, 1000, 300, False, torch.bfloat16),
     PaddedCase(1, 1, 4097, False),
     PaddedCase(2, 70, 1, False, torch.bfloat16),
+    PaddedCase(2, 70, 0, False),
     PaddedCase(1, 2000, 5000, False),
 ]
 

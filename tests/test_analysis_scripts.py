@@ -4,6 +4,8 @@ item_balance.py (how the Gluon kernels' item orders load the CTAs), and the CPU-
 the GPU scripts."""
 
 import json
+import os
+from unittest import mock
 
 import pytest
 import torch
@@ -244,3 +246,20 @@ def test_adapter_cost_times_both_adapters_serving():
     costs = load_script("adapter_cost").main(["--calls", "20", "--rounds", "1"])
     assert set(costs) == {"flashinfer-bench", "bundle"}
     assert all(0 < cost < 1e5 for cost in costs.values())
+
+
+def test_short_key_tiles_forces_each_call_and_tabulates():
+    """scripts/short_key_tiles.py: each timed call sets PREFILL_BUNDLE_SHORT_KEY_TILES itself
+    (the CUDA entry reads it per call, and the calls alternate), and the table shows the rows."""
+    script = load_script("short_key_tiles")
+    seen = []
+    calls = {t: script.forced(lambda: seen.append(os.environ["PREFILL_BUNDLE_SHORT_KEY_TILES"]),
+                              mode) for t, mode in script.TILES.items()}  # fmt: skip
+    with mock.patch.dict(os.environ):
+        for tiles in ("128", "176", "128"):
+            calls[tiles]()
+    assert seen == ["1", "0", "1"]
+    row = ("4x512", 0.047, {"176": 0.0514, "128": 0.0417}, {"176": 0.913, "128": 1.118},
+           {"176": 3.2e-4, "128": 3.3e-4})  # fmt: skip
+    text = script.table([row])
+    assert "| 4x512 | 47.0 | 51.4 | 41.7 | 0.913 | 1.118 | 3.2e-04 / 3.3e-04 |" in text

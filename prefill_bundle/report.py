@@ -279,7 +279,8 @@ def render(trace_set: TraceSet, source: str = "traces/", command: str = "python 
 def report(traces: Path | None = None, out: str = "report.md", title: str = "the H100") -> tuple:
     """(text, trace set, image name) of scripts/report.py's report: of the committed traces, or
     of another run's under `traces` (a copy of its traces/; RUN.md beside that folder, where
-    the run came from, heads the report)."""
+    the run came from, heads the report, and a kernel_time.md there, long_shapes.py's table
+    from the same device, replaces the committed one)."""
     trace_set = TraceSet.from_path(str(REPO_ROOT))
     source, command, run, kernel_time = "traces/", "python scripts/report.py", "", KERNEL_TIME_MD
     if traces is not None:

@@ -188,11 +188,12 @@ def with_run(trace_set: TraceSet, folder: Path) -> TraceSet:
 
 def render(trace_set: TraceSet, source: str = "traces/", command: str = "python scripts/report.py",
            image: str = "report_ratios.png", title: str = "the H100", run: str = "",
-           extras: bool = True, kernel_time: Path | None = KERNEL_TIME_MD) -> str:  # fmt: skip
+           kernel_time: Path | None = KERNEL_TIME_MD,
+           resources: Path | None = RESOURCES_MD) -> str:  # fmt: skip
     """report.md's text. Another run's (report.py --traces): the `source` folder and the
     `command` that wrote it, its `image`, the device in the `title`, a paragraph on the `run`,
     its own `kernel_time` table (long_shapes.py's, from the same device) if it has one, and
-    without the committed run's extras (the CUDA kernels' ptxas resources)."""
+    no `resources` table (the CUDA kernels' ptxas resources belong to the committed run)."""
     backend_of = {s.name: s.backend for s in SOLUTIONS}
     lines = [
         f"# GQA prefill attention on {title}: results",
@@ -259,8 +260,8 @@ def render(trace_set: TraceSet, source: str = "traces/", command: str = "python 
     lines += apply_choices(trace_set)
     if kernel_time is not None and kernel_time.exists():
         lines += [kernel_time.read_text()]
-    if extras and RESOURCES_MD.exists():  # the CUDA kernels' registers and shared memory
-        lines += [RESOURCES_MD.read_text()]
+    if resources is not None and resources.exists():
+        lines += [resources.read_text()]
     lines += ["## How these numbers were produced", ""]
     for hardware, libs in sorted(environments):
         lines.append(f"- {hardware}; " + ", ".join(f"{k} {v}" for k, v in libs))
@@ -282,14 +283,15 @@ def report(traces: Path | None = None, out: str = "report.md", title: str = "the
     the run came from, heads the report, and a kernel_time.md there, long_shapes.py's table
     from the same device, replaces the committed one)."""
     trace_set = TraceSet.from_path(str(REPO_ROOT))
-    source, command, run, kernel_time = "traces/", "python scripts/report.py", "", KERNEL_TIME_MD
+    source, command, run = "traces/", "python scripts/report.py", ""
+    kernel_time, resources = KERNEL_TIME_MD, RESOURCES_MD
     if traces is not None:
         with_run(trace_set, REPO_ROOT / traces)
         source = f"{Path(traces).as_posix().rstrip('/')}/"
         command += f' --traces {Path(traces).as_posix()} --out {out} --title "{title}"'
         run_md = REPO_ROOT / Path(traces).parent / "RUN.md"
         run = run_md.read_text().strip() if run_md.exists() else ""
-        kernel_time = REPO_ROOT / Path(traces).parent / "kernel_time.md"
+        kernel_time, resources = REPO_ROOT / Path(traces).parent / "kernel_time.md", None
     image = Path(out).stem + "_ratios.png"
-    text = render(trace_set, source, command, image, title, run, traces is None, kernel_time)
+    text = render(trace_set, source, command, image, title, run, kernel_time, resources)
     return text, trace_set, image

@@ -60,7 +60,7 @@ def resources_markdown(output: str) -> str:
     for marker, block in zip(blocks[::2], blocks[1::2]):
         name = block.split("'")[1]
         match = _PAGED.search(name)
-        swa = _SWA.search(name) or _FULL128.search(name)
+        causal_tiles = _SWA.search(name) or _FULL128.search(name)
         fp8 = _FP8.search(name)
         merge = _MERGE.search(name) or _GATHER.search(name)
         decode = _DECODE.search(name)
@@ -85,8 +85,8 @@ def resources_markdown(output: str) -> str:
                 cuda_build.ptxas_report(marker + block).popitem()[1], _FP8_NOTES[kernel]
             )
             continue
-        if swa is not None:
-            kernel, dtype = swa.groups()
+        if causal_tiles is not None:
+            kernel, dtype = causal_tiles.groups()
             dtype = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(dtype, dtype)
             causal_kernel = kernel.replace("_swa", "").replace("_full128", "")
             causal = (cuda_build.DYNAMIC_SMEM[(causal_kernel, "causal")],

@@ -5,6 +5,7 @@ included), interleaved (A B A B) because the card heats up within a call; best o
     python scripts/compare_gpu.py triton_mini tilelang_mini triton_ragged
     python scripts/compare_gpu.py triton_ragged --old OLD/triton_ragged.json   # A/B a change
     python scripts/compare_gpu.py cuda_fp8kv --old V/*.json --workloads single_token_rows_16
+    python scripts/compare_gpu.py tilelang_mini --old V/x.json --padded 4x512 8x2048-causal
 
 --old takes Solution JSON files of earlier versions (e.g. `git show REV:solutions/...json`),
 timed beside the current ones as "<name>@old", or of variants (scripts/tilelang_variant.py),
@@ -85,6 +86,15 @@ CASES[PAGED_FP8] = (
 )  # fmt: skip
 
 
+def padded_case(shape: str) -> PaddedCase:
+    """BATCHxKEYS (seq_q = seq_kv, non-causal) or BATCHxKEYS-causal."""
+    size, _, mask = shape.partition("-")
+    if mask not in ("", "causal") or size.count("x") != 1:
+        raise argparse.ArgumentTypeError(f"padded shape {shape!r}: want BATCHxKEYS[-causal]")
+    batch, keys = (int(x) for x in size.split("x"))
+    return PaddedCase(batch, keys, keys, mask == "causal")
+
+
 def error(args, inputs, name, baseline) -> float:
     """The normwise distance of name's output to the baseline's (destination-passing: the first
     argument after the inputs, written by the timed calls); inf if not finite, nan if either
@@ -139,9 +149,22 @@ def main():
     parser.add_argument("names", nargs="+")
     parser.add_argument("--old", nargs="*", default=[], help="Solution JSON of earlier versions")
     parser.add_argument("--min-tokens", type=int, default=0, help="skip smaller ragged batches")
-    parser.add_argument("--workloads", nargs="+", metavar="NAME",
-                        help="only these ragged, window and paged workloads (no padded shapes)")
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        metavar="NAME",
+        help="only these ragged, window and paged workloads (no padded shapes)",
+    )
+    parser.add_argument(
+        "--padded",
+        nargs="+",
+        type=padded_case,
+        metavar="SHAPE",
+        help="the mini definition's shapes instead: BATCHxKEYS[-causal]",
+    )
     options = parser.parse_args()
+    if options.padded:
+        CASES[MINI] = (CASES[MINI][0], options.padded)
     old = [Solution.model_validate_json(open(path).read()) for path in options.old]
     print("gpu at start:", clocks())
     rows, min_tokens = [], options.min_tokens

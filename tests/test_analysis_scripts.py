@@ -13,7 +13,7 @@ from flashinfer_bench import TraceSet
 
 from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.report import with_run
-from prefill_bundle.testing import load_script
+from prefill_bundle.testing import PaddedCase, load_script
 
 bars_script = load_script("issue_bars")
 
@@ -127,6 +127,19 @@ def test_compare_gpu_names_each_case_by_its_workload():
         assert None not in names and len(set(names)) == len(cases), definition
     fp8 = [compare.WORKLOAD_OF[case.id] for case in compare.CASES[PAGED_FP8][1]]
     assert "single_token_rows_16" in fp8
+
+
+def test_compare_gpu_padded_shapes():
+    """compare_gpu.py --padded: BATCHxKEYS is non-causal with seq_q = seq_kv, -causal makes it
+    causal; anything else is refused by name."""
+    import argparse
+
+    compare = load_script("compare_gpu")
+    assert compare.padded_case("4x512") == PaddedCase(4, 512, 512, False)
+    assert compare.padded_case("1x8192-causal") == PaddedCase(1, 8192, 8192, True)
+    for bad in ("4x512-full", "4by512", "4x5x12", "x512"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            compare.padded_case(bad)
 
 
 def test_fp8_quantized_products_emulates_what_it_says():

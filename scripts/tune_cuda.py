@@ -131,7 +131,7 @@ VARIANTS = {
     # own (the next item's Q loads during the epilogue), persistent; without FA3's turns (the
     # Gluon kernel's choice), and with them. H200, 2026-12-01 (40), kernel time vs FlashInfer,
     # shipped / no turns / turns: 1x16384 0.97 / 0.93 / 0.95, 4x512 non-causal 0.91 / 1.10 /
-    # 1.12: shipped for up to 1024 keys as gqa_prefill_full128_wgmma_kernel (cuda/TUNING.md).
+    # 1.12: shipped for up to 4096 keys as gqa_prefill_full128_wgmma_kernel (cuda/TUNING.md).
     "full_as_causal": BuildKnobs(full=SHIPPED_CAUSAL),
     "full_as_causal_pingpong": BuildKnobs(full=replace(SHIPPED_CAUSAL, pingpong=True)),
     # FA3's turns between the consumer warpgroups (named barriers around each one's GEMM issue)

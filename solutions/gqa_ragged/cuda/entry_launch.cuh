@@ -289,13 +289,14 @@ inline int l2_section_keys(size_t element_bytes) {
 
 // Whether a non-causal padded batch runs gqa_prefill_full128_wgmma_kernel (the causal family's
 // tiles: 128 keys, the output in a buffer of its own, so the next item's Q loads during the
-// epilogue) instead of the full family's 176-key tiles: up to 1024 keys a sequence. H200,
+// epilogue) instead of the full family's 176-key tiles: up to 4096 keys a sequence. H200,
 // kernel time over FlashInfer's, 176 / 128 keys (cuda/TUNING.md, "Short non-causal
-// sequences"): 4x512 0.91 / 1.12, 8x1024 1.00 / 1.07, 4x2048 0.96 / 0.94, 1x8192 0.97 / 0.90.
+// sequences"): 4x512 0.91 / 1.10, 8x1024 0.99 / 1.07, 6x1536 0.93 / 0.98, 4x2048 0.97 / 1.01,
+// 2x4096 0.99 / 1.01, 1x8192 1.00 / 0.99, 1x16384 0.95 / 0.95 (0.97 / 0.93 in tune_cuda.py).
 // PREFILL_BUNDLE_SHORT_KEY_TILES=0 never, =1 always; read on every call, as
 // PREFILL_BUNDLE_PAGE_GATHER.
 bool uses_short_key_tiles(int64_t seq_kv) {
-  constexpr int64_t kShortKeys = 1024;
+  constexpr int64_t kShortKeys = 4096;
   const char* mode = std::getenv("PREFILL_BUNDLE_SHORT_KEY_TILES");
   if (mode != nullptr && std::strcmp(mode, "0") == 0) return false;
   if (mode != nullptr && std::strcmp(mode, "1") == 0) return true;

@@ -28,11 +28,13 @@ from prefill_bundle.testing import (
     PagedCase,
     RaggedCase,
     baselines_apply,
+    build_solution,
     check_outputs,
     fused_qkv_inputs,
     make_inputs,
     nan_neighbour_inputs,
     page_gather,
+    poisoned_outputs,
     reference_outputs,
     run_solution,
 )
@@ -103,12 +105,14 @@ def test_page_size_1_both_ways(solution, case, mode):
 
 # CUDA's padded non-causal batches on both tile shapes, whatever the key count would choose:
 # the full family's 176-key tiles ("0") and the causal family's 128-key ones ("1";
-# uses_short_key_tiles in cuda/entry_launch.cuh). Key counts off both tile grids, one key, no
-# key (rows of zeros; added after the GPU run of 2026-12-01 (40)), seq_q above and below seq_kv.
+# uses_short_key_tiles in cuda/entry_launch.cuh), and as the key count chooses (None: 4096 keys
+# and fewer on 128-key tiles). Key counts off both tile grids, one key, no key (rows of zeros;
+# added after the GPU run of 2026-12-01 (40)), seq_q above and below seq_kv, either side of 4096.
 GPU_FULL_CASES = [
     PaddedCase(4, 512, 512, False),
     PaddedCase(3, 129, 257, False),
     PaddedCase(2, 1000, 300, False, torch.bfloat16),
+    PaddedCase(2, 300, 4096, False),
     PaddedCase(1, 1, 4097, False),
     PaddedCase(2, 70, 1, False, torch.bfloat16),
     PaddedCase(2, 70, 0, False),
@@ -118,11 +122,43 @@ GPU_FULL_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["0", "1"], ids=["176_key_tiles", "128_key_tiles"])
+@pytest.mark.parametrize(
+    "mode", ["0", "1", None], ids=["176_key_tiles", "128_key_tiles", "by_key_count"]
+)
 @pytest.mark.parametrize("case", GPU_FULL_CASES, ids=lambda case: case.id)
 def test_cuda_non_causal_both_tiles(case, mode, monkeypatch):
-    monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)  # the CUDA entry reads it per call
+    if mode is None:
+        monkeypatch.delenv("PREFILL_BUNDLE_SHORT_KEY_TILES", raising=False)
+    else:  # the CUDA entry reads it per call
+        monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)
     check_against_reference("cuda_mini", case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "seq_kv,mode,short", [(4096, None, True), (4097, None, False), (4096, "0", False),
+                          (4097, "1", True)],
+)  # fmt: skip
+def test_cuda_key_count_chooses_the_tiles(seq_kv, mode, short, monkeypatch):
+    """The kernel a padded non-causal call launches, by name in torch's profiler: 128-key tiles
+    (gqa_prefill_full128_wgmma_kernel) up to 4096 keys, unless the variable forces either."""
+    if mode is None:
+        monkeypatch.delenv("PREFILL_BUNDLE_SHORT_KEY_TILES", raising=False)
+    else:
+        monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)
+    case = PaddedCase(1, 256, seq_kv, False)
+    inputs = make_inputs(case, "cuda", seed=3)
+    outputs = poisoned_outputs(case, inputs)
+    solution = build_solution("cuda_mini")
+    solution(*inputs, *outputs)  # built and planned before the profiled call
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        solution(*inputs, *outputs)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in profile.events() if "gqa_prefill" in e.name]
+    assert len(kernels) == 1, kernels
+    assert ("gqa_prefill_full128_wgmma_kernel" in kernels[0]) == short, kernels
 
 
 @pytest.mark.parametrize("solution,case", matrix(CPU_FP8_CASES, GPU_FP8_CASES))

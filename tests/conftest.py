@@ -18,6 +18,58 @@ if not torch.cuda.is_available():
     set_cuda_home()  # nvcc as a wrapper script on PATH: tvm-ffi's CUDA_HOME would lack lib64
 
 
+def _interpreter_patches_once():
+    """Triton 3.6's interpreter patches triton.language again (inspect.getmembers over its
+    modules) at every call of a @triton.jit helper, though the launch has patched it for the
+    whole grid: with our kernels' ~15K helper calls a launch, about half of the Triton tests'
+    time under the interpreter. A helper call inside a launch skips the repeat when the language
+    modules its globals see (triton.language, or triton.language.core for triton's own helpers
+    such as tl.max) are patched already in that launch; anything else, and any other Triton
+    version, runs as Triton wrote it."""
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if triton.__version__ != "3.6.0":
+        return
+    launch = interpreter.GridExecutor.__call__
+    helper_call = interpreter.InterpretedFunction.__call__
+    patched = []  # per launch in progress: the language modules patched in it
+    langs_of = {}  # fn -> the language modules _patch_lang(fn) patches
+
+    def langs(fn):
+        if fn not in langs_of:
+            seen = fn.__globals__.values()
+            langs_of[fn] = frozenset(name for name, lang in (("tl", tl), ("core", tl.core))
+                                     if any(value is lang for value in seen))  # fmt: skip
+        return langs_of[fn]
+
+    def launch_patched_once(self, *args, **kwargs):
+        patched.append(set(langs(self.fn)))
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def helper_in_launch(self, *args, **kwargs):
+        if not patched or not langs(self.fn) <= patched[-1]:
+            if patched:
+                patched[-1] |= langs(self.fn)
+            return helper_call(self, *args, **kwargs)
+        fn = self.rewrite()  # as helper_call, less its _patch_lang
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    interpreter.GridExecutor.__call__ = launch_patched_once
+    interpreter.InterpretedFunction.__call__ = helper_in_launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_patches_once()
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in a pytest-xdist worker process
 

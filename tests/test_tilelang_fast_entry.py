@@ -13,14 +13,17 @@ from dataclasses import replace
 
 import pytest
 import torch
+from flashinfer_bench import Solution
 
 from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
     RaggedCase,
     build_solution,
+    build_solution_object,
     check_outputs,
     entry_module,
+    load_solution,
     poisoned_call,
     poisoned_outputs,
     reference_outputs,
@@ -95,6 +98,46 @@ def test_fast_entry_is_off_with_the_environment_switch(monkeypatch):
     monkeypatch.setattr(entries, "_tried", False)
     monkeypatch.setattr(entries, "_module", None)
     assert entries.module() is None
+
+
+def copy_of(solution: str):
+    """The solution built again under another name: another package of the same sources, as a
+    variant or earlier version is beside the shipped one in scripts/compare_gpu.py --old."""
+    copy = load_solution(solution).model_dump(mode="json")
+    copy["name"] = f"{solution}_copy"
+    return build_solution_object(Solution.model_validate(copy))
+
+
+def test_each_package_builds_a_library_of_its_own():
+    """Each solution package loads its own library, so its own registry: one library shared by
+    a solution and its copy let the copy's calls run the first one's planned kernels."""
+    shipped, copy = entry_module("tilelang_mini"), entry_module(copy_of("tilelang_mini"))
+    assert shipped.__file__ != copy.__file__
+    assert shipped.fast_entry.module_name() != copy.fast_entry.module_name()
+    assert shipped.fast_entry.module() is not None and copy.fast_entry.module() is not None
+    assert shipped.fast_entry.module() is not copy.fast_entry.module()
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_a_copy_of_the_solution_plans_its_own_calls(monkeypatch):
+    """A call the shipped solution planned registers in its library only: the copy's first call
+    on the same layouts takes the copy's own Python entry (with one library it took the
+    shipped solution's planned kernel), and its outputs are the reference's."""
+    case = PaddedCase(2, 300, 300, False)
+    shipped, copy = build_solution("tilelang_mini"), copy_of("tilelang_mini")
+    shipped(*poisoned_call(case))  # planned and registered in the shipped package's library
+    entry, planned = entry_module(copy), []
+
+    def python_entry(*args, _run_padded=entry._run_padded):
+        planned.append(args)
+        return _run_padded(*args)
+
+    monkeypatch.setattr(entry, "_run_padded", python_entry)
+    call = poisoned_call(case, seed=2)
+    copy(*call)
+    check_outputs(call[-1:], reference_outputs(case, call[:-1]))
+    assert len(planned) == 1  # the copy's Python entry took it
 
 
 @needs_cuda

@@ -9,6 +9,7 @@ does not build, a warning says why and every call takes the Python entry.
 """
 
 import atexit
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -41,13 +42,22 @@ def module():
     return _module
 
 
+def module_name() -> str:
+    """The built library's name, one per solution package: its registry is the library's static
+    state, and two packages of the same source (a solution and its earlier version or variant in
+    one process, as scripts/compare_gpu.py --old runs them) loading one library would share it,
+    so the second one's calls ran the first one's planned kernels (2026-12-01 (41))."""
+    package = str(Path(__file__).resolve().parent)
+    return f"gqa_prefill_tilelang_fast_entry_{hashlib.sha1(package.encode()).hexdigest()[:12]}"
+
+
 def _build():
     try:
         import tvm_ffi.cpp
 
         source = (Path(__file__).parent / "fast_entry.cc").read_text()
         built = tvm_ffi.cpp.load_inline(
-            "gqa_prefill_tilelang_fast_entry", cpp_sources=source, functions=list(FUNCTIONS)
+            module_name(), cpp_sources=source, functions=list(FUNCTIONS)
         )  # fmt: skip
     except Exception as error:  # no compiler, a tvm-ffi without load_inline
         warnings.warn(f"TileLang's C++ fast path did not build, calls take the Python entry: "

@@ -38,28 +38,30 @@ DECODE_JOBS = ("decode", "merge_decode")
 
 
 def programs() -> list:
-    """(dtype, causal, page size, window, FP8 caches, split, pack, long keys) of every program
-    the entries launch on the committed workloads (tilelang_prefill._kernel's keys, less the SM
-    count), ("merge", dtype) and ("gather", dtype) (page size 1's page gather, before the ragged
-    program), ("decode", dtype, 64, False, True) and ("merge_decode", ...) (FP8 decode-like
-    batches: gqa_prefill_decode). Written out by hand: tests/test_dataset.py checks it against
-    the entry's own choices (paged_plan, gathers_pages, long_keys_launch) on each committed
-    workload."""
+    """(dtype, causal, page size, window, FP8 caches, split, pack, long keys, short keys) of
+    every program the entries launch on the committed workloads (tilelang_prefill._kernel's
+    keys, less the SM count), ("merge", dtype) and ("gather", dtype) (page size 1's page
+    gather, before the ragged program), ("decode", dtype, 64, False, True) and ("merge_decode",
+    ...) (FP8 decode-like batches: gqa_prefill_decode). Written out by hand:
+    tests/test_dataset.py checks it against the entry's own choices (paged_plan, gathers_pages,
+    long_keys_launch, short_keys_launch) on each committed workload."""
     from prefill_bundle.testing import tilelang_kernels
 
     kernels = tilelang_kernels()
-    jobs = [("float16", causal, None, False, False, False, False, long_keys)
+    jobs = [("float16", causal, None, False, False, False, False, long_keys, False)
             for causal in (True, False) for long_keys in (False, True)]  # fmt: skip
-    jobs += [("bfloat16", True, None, False, False, False, False, long_keys)
+    jobs.append(("float16", False, None, False, False, False, False, False, True))  # 4x512
+    jobs += [("bfloat16", True, None, False, False, False, False, long_keys, False)
              for long_keys in (False, True)]  # fmt: skip
-    jobs.append(("bfloat16", True, None, True, False, False, False, False))  # window
+    jobs.append(("bfloat16", True, None, True, False, False, False, False, False))  # window
     for page_size in kernels.PAGE_SIZES:
-        jobs.append(("bfloat16", True, page_size, False, False, False, False, False))
-    jobs.append(("bfloat16", True, 64, False, True, False, False, False))  # FP8 caches
+        jobs.append(("bfloat16", True, page_size, False, False, False, False, False, False))
+    jobs.append(("bfloat16", True, 64, False, True, False, False, False, False))  # FP8 caches
     for dtype, page_size, fp8 in kernels.PACK_VARIANTS:
         if dtype == "bfloat16":
             split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
-            jobs += [(dtype, True, page_size, False, fp8, s, True, False) for s in {False, split}]
+            jobs += [(dtype, True, page_size, False, fp8, s, True, False, False)
+                     for s in {False, split}]  # fmt: skip
     # The FP8 decode program and its merge (gqa_prefill_decode; decode-like FP8 batches), laid
     # out as (name, dtype, page size, window, FP8 caches).
     jobs += [(name, "bfloat16", 64, False, True) for name in DECODE_JOBS]
@@ -78,7 +80,7 @@ def definition_programs(definition: str, jobs: list) -> list:
             return definition == PAGED_PS1
         if job[0] in DECODE_JOBS:
             return definition == PAGED_FP8
-        dtype, _, page_size, window, fp8, _, _, _ = job
+        dtype, _, page_size, window, fp8, _, _, _, _ = job
         if definition == MINI:
             return dtype == "float16"
         if definition in (RAGGED, PAGED_PS1) and page_size is None:
@@ -133,11 +135,11 @@ def compile_program(job, path=None) -> str:
             build = decode.compile_decode if job[0] == "decode" else decode.compile_merge_decode
             build(job[1])
         else:
-            dtype, causal, page_size, window, fp8, split, pack, long_keys = job
+            dtype, causal, page_size, window, fp8, split, pack, long_keys, short_keys = job
             kernels.compile_variant(
                 dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
                 cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
-                long_keys=long_keys,
+                long_keys=long_keys, short_keys=short_keys,
             )  # fmt: skip
     except Exception as error:  # TVM's errors do not pickle back to the pool: their text does
         raise RuntimeError(f"{type(error).__name__}: {error}") from None

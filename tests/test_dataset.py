@@ -356,23 +356,25 @@ def test_normwise_error():
 def test_tilelang_cache_holds_every_program_the_workloads_launch():
     """scripts/tilelang_cache.py lists the TileLang programs by hand: each committed workload's
     program, as the entry's own rules pick it on an H100 (long_keys_launch for contiguous K/V,
-    paged_plan and gathers_pages for the paged definitions), must be among them."""
+    short_keys_launch for padded non-causal batches, paged_plan and gathers_pages for the paged
+    definitions), must be among them."""
     cache_script = load_script("tilelang_cache")
     programs = set(cache_script.programs())
     entry = entry_module("tilelang_paged_ps64")
     sms = cache_script.H100_SMS
     traces = load().workloads
-    picked = {("bfloat16", True, None, True, False, False, False, False)}  # window
+    picked = {("bfloat16", True, None, True, False, False, False, False, False)}  # window
     for trace in traces[MINI]:
         axes, causal = trace.workload.axes, trace.workload.inputs["causal"].value
         long_keys = entry.long_keys_launch(axes["seq_kv"], 1)
-        picked.add(("float16", causal, None, False, False, False, False, long_keys))
+        short_keys = entry.short_keys_launch(axes["seq_kv"], causal)
+        picked.add(("float16", causal, None, False, False, False, False, long_keys, short_keys))
     for trace in traces[RAGGED] + traces[SWA]:
         axes, inputs = trace.workload.axes, trace.workload.inputs
         if "window_left" in inputs and 0 <= inputs["window_left"].value < axes["total_kv"]:
             continue  # the window program; a window past every key runs the ragged one
         long_keys = entry.long_keys_launch(axes["total_kv"], axes["len_indptr"] - 1)
-        picked.add(("bfloat16", True, None, False, False, False, False, long_keys))
+        picked.add(("bfloat16", True, None, False, False, False, False, long_keys, False))
     for name, page_size in [*PAGE_SIZES.items(), (PAGED_FP8, 64)]:
         fp8 = name == PAGED_FP8
         for trace in traces[name]:
@@ -387,12 +389,13 @@ def test_tilelang_cache_holds_every_program_the_workloads_launch():
             ):  # the pages gathered, then the ragged program
                 picked.add(("gather", "bfloat16"))
                 long_keys = entry.long_keys_launch(axes["num_kv_indices"], batch)
-                picked.add(("bfloat16", True, None, False, False, False, False, long_keys))
+                picked.add(("bfloat16", True, None, False, False, False, False, long_keys, False))
                 continue
-            picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack, False))
-    assert any(key[-2] for key in picked if key[0] != "gather"), "some workload is packed"
+            picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack, False, False))
+    assert any(key[6] for key in picked if key[0] != "gather"), "some workload is packed"
+    assert any(key[8] for key in picked if key[0] != "gather"), "some batch has short keys"
     assert ("gather", "bfloat16") in picked, "some page size 1 workload gathers its pages first"
-    long_programs = {key[:2] for key in picked if key[0] != "gather" and key[-1]}
+    long_programs = {key[:2] for key in picked if key[0] != "gather" and key[7]}
     assert long_programs == {("float16", True), ("float16", False), ("bfloat16", True)}
     assert picked <= programs, picked - programs
 

@@ -59,12 +59,13 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 _compiled = {}
 
 
-def compiled_kernel(dtype: str, causal: bool, long_keys: bool = False):
+def compiled_kernel(dtype: str, causal: bool, long_keys: bool = False, short_keys: bool = False):
     """(kernel, ptxas report) of a variant, compiled once per session (long_keys: its program
-    for launches of long sequences)."""
-    key = (dtype, causal, long_keys)
+    for launches of long sequences; short_keys: the non-causal one for short sequences)."""
+    key = (dtype, causal, long_keys, short_keys)
     if key not in _compiled:
         config = {"long_keys": True} if long_keys else {}
+        config.update({"short_keys": True} if short_keys else {})
         _compiled[key] = compile_fresh(tilelang_kernels(), dtype, causal, **config)
     return _compiled[key]
 
@@ -198,6 +199,33 @@ def test_non_causal_program_is_persistent_with_its_output_in_q():
     causal = compiled("bfloat16", True)[0]
     assert causal.count("q_empty[0].arrive();") == 1
     assert causal.index("q_empty[0].arrive();") < causal.rindex("ptx_stmatrix")
+
+
+def test_short_keys_rule_takes_short_non_causal_sequences_only():
+    """Measured (TUNING.md, "Short non-causal sequences"): 128-key tiles ahead up to 4096 keys,
+    176-key ones from 16K; causal launches have one config."""
+    rule = entry_module("tilelang_mini").short_keys_launch
+    assert rule(512, False) and rule(1, False) and rule(4096, False)
+    assert not rule(4097, False) and not rule(16384, False) and not rule(512, True)
+
+
+def test_short_keys_program_runs_the_causal_tiles_with_its_own_output_buffer():
+    """block_config's short_keys: the non-causal program on 128-key tiles with an output buffer
+    of its own (Q released after the item's last Q K^T, as in the causal program), 0 spills."""
+    kernels = tilelang_kernels()
+    config = kernels.block_config("float16", False, short_keys=True)
+    assert config["block_N"] == 128 and not config.get("output_in_q")
+    assert kernels.block_config("float16", True, short_keys=True) == kernels.block_config(
+        "float16", True
+    )  # fmt: skip
+    kernel, ptxas = compiled_kernel("float16", False, short_keys=True)
+    source = kernel.get_kernel_source()
+    assert "AtomicAddRet((&(Scheduler[0])), 1)" in source  # persistent
+    assert source.count("tl_copy_v_tail<128, ") == 1  # 128-key tiles (the tail copy's rows)
+    assert source.count("q_empty[0].arrive();") == 1
+    assert source.index("q_empty[0].arrive();") < source.rindex("ptx_stmatrix")
+    assert "Used 168 registers" in ptxas
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in ptxas
 
 
 @pytest.mark.parametrize("dtype,causal", COMPILED_VARIANTS)
@@ -446,10 +474,11 @@ def run_on_cpu(monkeypatch, cpu_kernels, solution: str, config: str, launched=No
     entry = entry_module(solution)
     block_config = tilelang_kernels().block_config
 
-    def kernel(dtype, causal, device, long_keys=False):
+    def kernel(dtype, causal, device, long_keys=False, short_keys=False):
         if launched is not None:
             launched.append((causal, long_keys))
-        tiles = CPU_CONFIGS[config] or cpu_form_of(block_config(entry._DTYPES[dtype], causal))
+        shipped = block_config(entry._DTYPES[dtype], causal, short_keys=short_keys)
+        tiles = CPU_CONFIGS[config] or cpu_form_of(shipped)
         return _launcher(cpu_kernels(causal, tiles, long_keys))
 
     contract = sys.modules[entry.__name__.rpartition(".")[0] + ".arguments"]

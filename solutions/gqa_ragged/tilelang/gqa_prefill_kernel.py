@@ -73,7 +73,10 @@ PACK_SPLIT_VARIANTS = [variant for variant in PACK_VARIANTS if variant != ("floa
 DEFAULT_NUM_SMS = 132
 
 
-def block_config(dtype: str, causal: bool, contiguous: bool = True, gathered: bool = False) -> dict:
+def block_config(
+    dtype: str, causal: bool, contiguous: bool = True, gathered: bool = False,
+    short_keys: bool = False,
+) -> dict:  # fmt: skip
     """Tile sizes and schedule per variant (measured with scripts/tune_tilelang.py: TUNING.md).
     Causal items are short, so each block's prologue and epilogue weigh: the causal kernel is
     persistent. The non-causal one too, its output staged in Q's buffer (output_in_q: an output
@@ -87,13 +90,19 @@ def block_config(dtype: str, causal: bool, contiguous: bool = True, gathered: bo
     cvt, one a pair: TUNING.md, FP8).
     gathered: K/V rows gathered one by one (page size 1): a third ring stage, which fits with
     the output staged in Q's buffer (output_in_q): more gathered rows in flight (+2-6% on six
-    of the seven page-size-1 workloads on an H200; TUNING.md, page size 1)."""
+    of the seven page-size-1 workloads on an H200; TUNING.md, page size 1).
+    short_keys: a non-causal launch of up to SHORT_KEYS_MAX keys a sequence
+    (tilelang_prefill.short_keys_launch): the causal config's 128-key tiles with an output
+    buffer of their own (4x512 0.77 -> 0.98 of FlashInfer's kernel time on an H200, 8x1024
+    0.89 -> 1.03; 176-key tiles ahead from 16K keys: TUNING.md, "Short non-causal sequences")."""
     del dtype  # the measurements do not separate the dtypes
     if causal:
         return dict(
             block_M=128, block_N=128, num_stages=3 if gathered else 2, ws=True, persistent=True,
             pingpong=contiguous, fp8_split_q=True, fp8_f16_pv=True, output_in_q=gathered,
         )  # fmt: skip
+    if short_keys:
+        return dict(block_M=128, block_N=128, num_stages=2, ws=True, persistent=True)
     return dict(block_M=128, block_N=176, num_stages=2, ws=True, persistent=True, output_in_q=True)
 
 
@@ -212,18 +221,20 @@ def compile_variant(
     split: bool = False,
     pack: bool = False,
     long_keys: bool = False,
+    short_keys: bool = False,
     **config,
 ):
     """Lower and compile one variant (K/V paged with page_size, else ragged; window: the
     sliding-window kernel; cache_dtype: FP8 caches; split: split-KV's shares into fp32
     workspaces; pack: GQA head packing; long_keys: contiguous K/V, items drawn in L2 sections
-    for launches of long sequences); config defaults to block_config (page size 1: gathered),
-    packed to pack_config(dtype, cache_dtype)."""
+    for launches of long sequences; short_keys: block_config's for short non-causal ones);
+    config defaults to block_config (page size 1: gathered), packed to pack_config(dtype,
+    cache_dtype)."""
     contiguous = page_size is None and not window
     if not config and pack:
         config = pack_config(dtype, cache_dtype)
     elif not config:
-        config = block_config(dtype, causal, contiguous, gathered=page_size == 1)
+        config = block_config(dtype, causal, contiguous, page_size == 1, short_keys)
     func = gqa_prefill(
         dtype, causal, num_sms=num_sms, page_size=page_size, window=window,
         cache_dtype=cache_dtype, split=split, pack=pack, long_keys=long_keys, **config,

@@ -210,13 +210,15 @@ def _kernel(
     split: bool = False,
     pack: bool = False,
     long_keys: bool = False,
+    short_keys: bool = False,
 ):
     """fp8: the paged kernel (page size 64) over float8_e4m3fn caches; split: its split-KV
     kernel (the shares into fp32 workspaces); pack: GQA head packing (decode-like batches);
     long_keys: contiguous K/V whose launch averages LONG_KEYS_MIN keys a sequence or more
-    (long_keys_launch): the program that draws items in L2 sections."""
+    (long_keys_launch): the program that draws items in L2 sections; short_keys: a padded
+    non-causal launch of up to SHORT_KEYS_MAX keys a sequence (short_keys_launch)."""
     num_sms = _sm_count(device)
-    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack, long_keys)
+    key = (dtype, causal, num_sms, page_size, window, fp8, split, pack, long_keys, short_keys)
     kernel = _kernels.get(key)
     if kernel is None:
         _check_sm90a(device)
@@ -224,6 +226,7 @@ def _kernel(
         kernel = entry_function(compile_variant(
             _DTYPES[dtype], causal, num_sms=num_sms, page_size=page_size, window=window,
             cache_dtype=FP8_E4M3 if fp8 else None, split=split, pack=pack, long_keys=long_keys,
+            short_keys=short_keys,
         ))  # fmt: skip
         _kernels[key] = kernel
     return kernel
@@ -241,6 +244,18 @@ def long_keys_launch(total_kv: int, batch: int) -> bool:
     H200; sequences of 2-4.6K keys lost 3-10%: TUNING.md, "Items in L2 sections"). The paged
     programs decide this in the kernel (SECTION_MIN_KEYS)."""
     return total_kv >= LONG_KEYS_MIN * max(batch, 1)
+
+
+# Padded non-causal launches of up to this many keys a sequence run the causal config's 128-key
+# tiles (block_config's short_keys): on an H200, kernel time over FlashInfer's, 176 / 128 keys
+# (TUNING.md, "Short non-causal sequences"): 4x512 0.77 / 0.98, 8x1024 0.89 / 1.03, 4x2048
+# 0.89 / 0.95, 2x4096 0.92 / 0.95, 1x16384 0.97 / 0.95. CUDA's uses_short_key_tiles: the same.
+SHORT_KEYS_MAX = 4096
+
+
+def short_keys_launch(seq_kv: int, causal: bool) -> bool:
+    """Whether a padded launch runs the non-causal program on 128-key tiles (short_keys)."""
+    return not causal and seq_kv <= SHORT_KEYS_MAX
 
 
 def _per_dtype(kernels: dict, compile_program, dtype: torch.dtype, device: int):
@@ -351,7 +366,10 @@ def _run_padded(q, k, v, causal, out):
     kernels, qo_indptr, kv_indptr, lse, (q_strides, k_strides, v_strides), long_keys = plan
     kernel = kernels.get(causal)
     if kernel is None:
-        kernel = kernels[causal] = _kernel(q.dtype, causal, q.get_device(), long_keys=long_keys)
+        short_keys = short_keys_launch(k.shape[1], causal)
+        kernel = kernels[causal] = _kernel(
+            q.dtype, causal, q.get_device(), long_keys=long_keys, short_keys=short_keys
+        )  # fmt: skip
     total_q, total_kv = q.shape[0] * q.shape[1], k.shape[0] * k.shape[1]
     out_rows = out.view(total_q, NUM_HEADS, HEAD_DIM)
     try:

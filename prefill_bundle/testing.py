@@ -67,6 +67,16 @@ class PaddedCase:
         return f"b{self.batch}_q{self.seq_q}_kv{self.seq_kv}_{mask}_{str(self.dtype)[6:]}"
 
 
+def padded_case(shape: str, dtype: torch.dtype = torch.float16) -> PaddedCase:
+    """The GPU scripts' padded shapes: BATCHxKEYS (seq_q = seq_kv, non-causal) or
+    BATCHxKEYS-causal."""
+    size, _, mask = shape.partition("-")
+    if mask not in ("", "causal") or size.count("x") != 1:
+        raise ValueError(f"padded shape {shape!r}: want BATCHxKEYS[-causal]")
+    batch, keys = (int(x) for x in size.split("x"))
+    return PaddedCase(batch, keys, keys, mask == "causal", dtype)
+
+
 @dataclass(frozen=True)
 class RaggedCase:
     q_lens: tuple

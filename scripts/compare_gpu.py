@@ -32,6 +32,7 @@ from prefill_bundle.testing import (
     load_solution,
     make_inputs,
     normwise_error,
+    padded_case,
     poisoned_outputs,
 )
 from prefill_bundle.workloads import (
@@ -84,15 +85,6 @@ CASES[PAGED_FP8] = (
     [named(PagedCase(b.q_lens, b.kv_lens, 64, shared_prefix=b.shared_prefix,
                      fp8_scales=(FP8_K_SCALE, FP8_V_SCALE)), b.name) for b in PAGED_BATCHES],
 )  # fmt: skip
-
-
-def padded_case(shape: str) -> PaddedCase:
-    """BATCHxKEYS (seq_q = seq_kv, non-causal) or BATCHxKEYS-causal."""
-    size, _, mask = shape.partition("-")
-    if mask not in ("", "causal") or size.count("x") != 1:
-        raise argparse.ArgumentTypeError(f"padded shape {shape!r}: want BATCHxKEYS[-causal]")
-    batch, keys = (int(x) for x in size.split("x"))
-    return PaddedCase(batch, keys, keys, mask == "causal")
 
 
 def error(args, inputs, name, baseline) -> float:

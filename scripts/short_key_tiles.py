@@ -14,10 +14,10 @@ import torch
 
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.testing import (
-    PaddedCase,
     build_solution,
     make_inputs,
     normwise_error,
+    padded_case,
     poisoned_outputs,
 )
 
@@ -58,8 +58,7 @@ def main():
     print("gpu at start:", clocks(), flush=True)
     rows = []
     for shape in args.shapes:
-        batch, keys = (int(x) for x in shape.split("x"))
-        case = PaddedCase(batch, keys, keys, False, dtype)
+        case = padded_case(shape, dtype)
         inputs = make_inputs(case, "cuda", seed=0)
         calls = {"flashinfer": (flashinfer, inputs + poisoned_outputs(case, inputs))}
         for tiles, mode in TILES.items():

@@ -13,7 +13,7 @@ from flashinfer_bench import TraceSet
 
 from prefill_bundle import MINI, PAGED_FP8, PAGED_PS1, PAGED_PS64, RAGGED, REPO_ROOT, SWA
 from prefill_bundle.report import with_run
-from prefill_bundle.testing import PaddedCase, load_script
+from prefill_bundle.testing import PaddedCase, load_script, padded_case
 
 bars_script = load_script("issue_bars")
 
@@ -129,17 +129,16 @@ def test_compare_gpu_names_each_case_by_its_workload():
     assert "single_token_rows_16" in fp8
 
 
-def test_compare_gpu_padded_shapes():
-    """compare_gpu.py --padded: BATCHxKEYS is non-causal with seq_q = seq_kv, -causal makes it
-    causal; anything else is refused by name."""
-    import argparse
-
-    compare = load_script("compare_gpu")
-    assert compare.padded_case("4x512") == PaddedCase(4, 512, 512, False)
-    assert compare.padded_case("1x8192-causal") == PaddedCase(1, 8192, 8192, True)
+def test_padded_shapes_of_the_gpu_scripts():
+    """compare_gpu.py --padded and short_key_tiles.py --shapes: BATCHxKEYS is non-causal with
+    seq_q = seq_kv, -causal makes it causal; anything else is refused by name."""
+    assert padded_case("4x512") == PaddedCase(4, 512, 512, False)
+    assert padded_case("1x8192-causal") == PaddedCase(1, 8192, 8192, True)
+    assert padded_case("2x64", torch.bfloat16) == PaddedCase(2, 64, 64, False, torch.bfloat16)
     for bad in ("4x512-full", "4by512", "4x5x12", "x512"):
-        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
-            compare.padded_case(bad)
+        with pytest.raises(ValueError):
+            padded_case(bad)
+    assert load_script("compare_gpu").padded_case is padded_case
 
 
 def test_fp8_quantized_products_emulates_what_it_says():

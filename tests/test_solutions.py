@@ -120,6 +120,15 @@ GPU_FULL_CASES = [
 ]
 
 
+def short_key_tiles(monkeypatch, mode):
+    """PREFILL_BUNDLE_SHORT_KEY_TILES=mode for the test, unset for None (the key count chooses);
+    the CUDA entry reads it per call."""
+    if mode is None:
+        monkeypatch.delenv("PREFILL_BUNDLE_SHORT_KEY_TILES", raising=False)
+    else:
+        monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
@@ -127,10 +136,7 @@ GPU_FULL_CASES = [
 )
 @pytest.mark.parametrize("case", GPU_FULL_CASES, ids=lambda case: case.id)
 def test_cuda_non_causal_both_tiles(case, mode, monkeypatch):
-    if mode is None:
-        monkeypatch.delenv("PREFILL_BUNDLE_SHORT_KEY_TILES", raising=False)
-    else:  # the CUDA entry reads it per call
-        monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)
+    short_key_tiles(monkeypatch, mode)
     check_against_reference("cuda_mini", case)
 
 
@@ -143,10 +149,7 @@ def test_cuda_non_causal_both_tiles(case, mode, monkeypatch):
 def test_cuda_key_count_chooses_the_tiles(seq_kv, mode, short, monkeypatch):
     """The kernel a padded non-causal call launches, by name in torch's profiler: 128-key tiles
     (gqa_prefill_full128_wgmma_kernel) up to 4096 keys, unless the variable forces either."""
-    if mode is None:
-        monkeypatch.delenv("PREFILL_BUNDLE_SHORT_KEY_TILES", raising=False)
-    else:
-        monkeypatch.setenv("PREFILL_BUNDLE_SHORT_KEY_TILES", mode)
+    short_key_tiles(monkeypatch, mode)
     case = PaddedCase(1, 256, seq_kv, False)
     inputs = make_inputs(case, "cuda", seed=3)
     outputs = poisoned_outputs(case, inputs)

@@ -103,7 +103,9 @@ VARIANTS = {
     # Non-causal with 192-key tiles (FlashInfer fa3's choice; 0 spills at 240 registers). H200,
     # 2026-11-29 (16), kernel time vs FlashInfer, 176 (shipped) / 192: 1x16384 0.96 / 0.97 (-1%
     # time, four rounds in two calls), 4x512 0.84 / 0.79 (three 192-key tiles do 9% more
-    # wgmma work than three of 176 for 512 keys). Not shipped: cuda/TUNING.md.
+    # wgmma work than three of 176 for 512 keys). Not shipped: cuda/TUNING.md. Again 2026-12-01
+    # (42), past the short-key threshold: one call at a time 0.4-2% faster, back to back 2x8192
+    # 7% slower (0.96 / 0.89), 16K the same: not shipped.
     "full_block_n_192": BuildKnobs(full=replace(SHIPPED_FULL, block_n=192)),
     # Non-causal with one CTA per item (shipped until 2026-11-29 (16), when the full family went
     # persistent: +2-7% on 4x512, +0.2-0.6% on 1x16384; cuda/TUNING.md).

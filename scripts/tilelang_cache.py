@@ -31,36 +31,48 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import NamedTuple
 
 ARCHIVE = Path(".tilelang-cache.tar.xz")
 H100_SMS = 132
 DECODE_JOBS = ("decode", "merge_decode")
 
 
+class Program(NamedTuple):
+    """One attention program: tilelang_prefill._kernel's key, less the SM count."""
+
+    dtype: str
+    causal: bool = True
+    page_size: int | None = None
+    window: bool = False
+    fp8: bool = False  # over FP8 caches
+    split: bool = False
+    pack: bool = False
+    long_keys: bool = False
+    short_keys: bool = False
+
+
 def programs() -> list:
-    """(dtype, causal, page size, window, FP8 caches, split, pack, long keys, short keys) of
-    every program the entries launch on the committed workloads (tilelang_prefill._kernel's
-    keys, less the SM count), ("merge", dtype) and ("gather", dtype) (page size 1's page
-    gather, before the ragged program), ("decode", dtype, 64, False, True) and ("merge_decode",
-    ...) (FP8 decode-like batches: gqa_prefill_decode). Written out by hand:
-    tests/test_dataset.py checks it against the entry's own choices (paged_plan, gathers_pages,
-    long_keys_launch, short_keys_launch) on each committed workload."""
+    """A Program for every attention program the entries launch on the committed workloads,
+    ("merge", dtype) and ("gather", dtype) (page size 1's page gather, before the ragged
+    program), ("decode", dtype, 64, False, True) and ("merge_decode", ...) (FP8 decode-like
+    batches: gqa_prefill_decode). Written out by hand: tests/test_dataset.py checks it against
+    the entry's own choices (paged_plan, gathers_pages, long_keys_launch, short_keys_launch) on
+    each committed workload."""
     from prefill_bundle.testing import tilelang_kernels
 
     kernels = tilelang_kernels()
-    jobs = [("float16", causal, None, False, False, False, False, long_keys, False)
+    jobs = [Program("float16", causal, long_keys=long_keys)
             for causal in (True, False) for long_keys in (False, True)]  # fmt: skip
-    jobs.append(("float16", False, None, False, False, False, False, False, True))  # 4x512
-    jobs += [("bfloat16", True, None, False, False, False, False, long_keys, False)
-             for long_keys in (False, True)]  # fmt: skip
-    jobs.append(("bfloat16", True, None, True, False, False, False, False, False))  # window
-    for page_size in kernels.PAGE_SIZES:
-        jobs.append(("bfloat16", True, page_size, False, False, False, False, False, False))
-    jobs.append(("bfloat16", True, 64, False, True, False, False, False, False))  # FP8 caches
+    jobs.append(Program("float16", False, short_keys=True))  # 4x512
+    jobs += [Program("bfloat16", long_keys=long_keys) for long_keys in (False, True)]
+    jobs.append(Program("bfloat16", window=True))
+    jobs += [Program("bfloat16", page_size=page_size) for page_size in kernels.PAGE_SIZES]
+    jobs.append(Program("bfloat16", page_size=64, fp8=True))  # FP8 caches
     for dtype, page_size, fp8 in kernels.PACK_VARIANTS:
         if dtype == "bfloat16":
             split = (dtype, page_size, fp8) in kernels.PACK_SPLIT_VARIANTS
-            jobs += [(dtype, True, page_size, False, fp8, s, True, False, False)
+            jobs += [Program(dtype, page_size=page_size, fp8=fp8, split=s, pack=True)
                      for s in {False, split}]  # fmt: skip
     # The FP8 decode program and its merge (gqa_prefill_decode; decode-like FP8 batches), laid
     # out as (name, dtype, page size, window, FP8 caches).
@@ -80,16 +92,15 @@ def definition_programs(definition: str, jobs: list) -> list:
             return definition == PAGED_PS1
         if job[0] in DECODE_JOBS:
             return definition == PAGED_FP8
-        dtype, _, page_size, window, fp8, _, _, _, _ = job
         if definition == MINI:
-            return dtype == "float16"
-        if definition in (RAGGED, PAGED_PS1) and page_size is None:
-            return dtype == "bfloat16" and not window
+            return job.dtype == "float16"
+        if definition in (RAGGED, PAGED_PS1) and job.page_size is None:
+            return job.dtype == "bfloat16" and not job.window
         if definition == SWA:
-            return window
+            return job.window
         if definition == PAGED_FP8:
-            return fp8
-        return definition in PAGE_SIZES and page_size == PAGE_SIZES[definition] and not fp8
+            return job.fp8
+        return definition in PAGE_SIZES and job.page_size == PAGE_SIZES[definition] and not job.fp8
 
     return [job for job in jobs if launched(job)]
 
@@ -135,12 +146,11 @@ def compile_program(job, path=None) -> str:
             build = decode.compile_decode if job[0] == "decode" else decode.compile_merge_decode
             build(job[1])
         else:
-            dtype, causal, page_size, window, fp8, split, pack, long_keys, short_keys = job
+            options = job._asdict()
+            fp8 = options.pop("fp8")
             kernels.compile_variant(
-                dtype, causal, num_sms=H100_SMS, page_size=page_size, window=window,
-                cache_dtype=kernels.FP8_E4M3 if fp8 else None, split=split, pack=pack,
-                long_keys=long_keys, short_keys=short_keys,
-            )  # fmt: skip
+                **options, num_sms=H100_SMS, cache_dtype=kernels.FP8_E4M3 if fp8 else None
+            )
     except Exception as error:  # TVM's errors do not pickle back to the pool: their text does
         raise RuntimeError(f"{type(error).__name__}: {error}") from None
     return f"{job}: {time.perf_counter() - start:.0f} s"

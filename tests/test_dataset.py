@@ -363,18 +363,19 @@ def test_tilelang_cache_holds_every_program_the_workloads_launch():
     entry = entry_module("tilelang_paged_ps64")
     sms = cache_script.H100_SMS
     traces = load().workloads
-    picked = {("bfloat16", True, None, True, False, False, False, False, False)}  # window
+    Program = cache_script.Program
+    picked = {Program("bfloat16", window=True)}
     for trace in traces[MINI]:
         axes, causal = trace.workload.axes, trace.workload.inputs["causal"].value
         long_keys = entry.long_keys_launch(axes["seq_kv"], 1)
         short_keys = entry.short_keys_launch(axes["seq_kv"], causal)
-        picked.add(("float16", causal, None, False, False, False, False, long_keys, short_keys))
+        picked.add(Program("float16", causal, long_keys=long_keys, short_keys=short_keys))
     for trace in traces[RAGGED] + traces[SWA]:
         axes, inputs = trace.workload.axes, trace.workload.inputs
         if "window_left" in inputs and 0 <= inputs["window_left"].value < axes["total_kv"]:
             continue  # the window program; a window past every key runs the ragged one
         long_keys = entry.long_keys_launch(axes["total_kv"], axes["len_indptr"] - 1)
-        picked.add(("bfloat16", True, None, False, False, False, False, long_keys, False))
+        picked.add(Program("bfloat16", long_keys=long_keys))
     for name, page_size in [*PAGE_SIZES.items(), (PAGED_FP8, 64)]:
         fp8 = name == PAGED_FP8
         for trace in traces[name]:
@@ -389,13 +390,14 @@ def test_tilelang_cache_holds_every_program_the_workloads_launch():
             ):  # the pages gathered, then the ragged program
                 picked.add(("gather", "bfloat16"))
                 long_keys = entry.long_keys_launch(axes["num_kv_indices"], batch)
-                picked.add(("bfloat16", True, None, False, False, False, False, long_keys, False))
+                picked.add(Program("bfloat16", long_keys=long_keys))
                 continue
-            picked.add(("bfloat16", True, page_size, False, fp8, shares > 1, pack, False, False))
-    assert any(key[6] for key in picked if key[0] != "gather"), "some workload is packed"
-    assert any(key[8] for key in picked if key[0] != "gather"), "some batch has short keys"
+            picked.add(Program("bfloat16", True, page_size, False, fp8, shares > 1, pack))
+    attention = [key for key in picked if isinstance(key, Program)]
+    assert any(key.pack for key in attention), "some workload is packed"
+    assert any(key.short_keys for key in attention), "some batch has short keys"
     assert ("gather", "bfloat16") in picked, "some page size 1 workload gathers its pages first"
-    long_programs = {key[:2] for key in picked if key[0] != "gather" and key[7]}
+    long_programs = {key[:2] for key in attention if key.long_keys}
     assert long_programs == {("float16", True), ("float16", False), ("bfloat16", True)}
     assert picked <= programs, picked - programs
 
@@ -411,9 +413,11 @@ def test_tilelang_cache_splits_the_programs_by_definition(tmp_path):
         for name in (MINI, RAGGED, SWA, PAGED_FP8, *PAGE_SIZES)
     }
     assert set().union(*by_definition.values()) == set(programs)
-    assert all(job[4] for job in by_definition[PAGED_FP8] if job[0] != "merge")
+    assert all(job[4] for job in by_definition[PAGED_FP8] if job[0] != "merge")  # decode's too
     for name, page_size in PAGE_SIZES.items():
-        paged = {job[2] for job in by_definition[name] if job[0] not in ("merge", "gather")}
+        paged = {
+            job.page_size for job in by_definition[name] if isinstance(job, cache_script.Program)
+        }
         # page size 1 gathers prefill-like batches' pages first, then runs the ragged program
         assert paged == ({page_size, None} if page_size == 1 else {page_size})
     assert ("gather", "bfloat16") in by_definition[PAGED_PS1]

@@ -22,7 +22,7 @@ DYNAMIC_SMEM = {
     ("gqa_prefill_kernel", "causal"): PORTABLE_SMEM,
     ("gqa_prefill_kernel", "full"): PORTABLE_SMEM,
     ("gqa_prefill_wgmma_kernel", "causal"): "193 KiB (Q, 2 K + 2 V stages of 128 keys, output)",
-    ("gqa_prefill_wgmma_kernel", "full"): "209 KiB (Q, 2 K + 2 V stages of 176 keys)",
+    ("gqa_prefill_wgmma_kernel", "full"): "225 KiB (Q, 2 K + 2 V stages of 192 keys)",
 }
 SETMAXNREG = {
     ("gqa_prefill_wgmma_kernel", "causal"): " (producer 32, consumers 232)",

@@ -36,7 +36,7 @@ class HopperKnobs:
 
 # hopper_knobs.cuh's shipped_knobs(), checked against the shipped build's built_knobs.
 SHIPPED_CAUSAL = HopperKnobs(128, 2, 32, 232, True, True, True, False)
-SHIPPED_FULL = HopperKnobs(176, 2, 24, 240, True, False, True, True)
+SHIPPED_FULL = HopperKnobs(192, 2, 24, 240, True, False, True, True)
 SHIPPED_PAGED = SHIPPED_CAUSAL
 
 

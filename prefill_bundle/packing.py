@@ -211,8 +211,8 @@ SOLUTIONS = [
         description="CUDA C++ flash attention forward, 32 tokens x the 4 query heads of a KV group "
         "per 128-row tile. Built for sm_90a (TVM_FFI_CUDA_ARCH_LIST=9.0a): warp-specialized, a TMA "
         "producer warp feeding a 2-stage mbarrier ring, two wgmma consumer warpgroups (softmax "
-        "beside P V), persistent with a dynamic tile scheduler, 176-key tiles non-causal (with "
-        "FA3's turns between the consumer warpgroups); "
+        "beside P V), persistent with a dynamic tile scheduler, 192-key tiles non-causal past 4096 "
+        "keys a sequence (with FA3's turns between the consumer warpgroups); "
         "otherwise mma.sync/ldmatrix. Causal tiles skipped or masked.",
     ),
     SolutionSpec(

@@ -1,4 +1,4 @@
-"""On the GPU: CUDA's padded non-causal kernels by key count, the full family's 176-key tiles
+"""On the GPU: CUDA's padded non-causal kernels by key count, the full family's 192-key tiles
 against the causal family's 128-key ones (gqa_prefill_full128_wgmma_kernel), each forced with
 PREFILL_BUNDLE_SHORT_KEY_TILES=0 / 1, kernel time over FlashInfer fa3's in alternating rounds
 (gpu_timing). Where the two cross sets uses_short_key_tiles' threshold (cuda/entry_launch.cuh;
@@ -22,7 +22,7 @@ from prefill_bundle.testing import (
 )
 
 SHAPES = ["4x512", "8x1024", "4x2048", "2x4096", "1x8192", "1x16384"]
-TILES = {"176": "0", "128": "1"}  # column -> PREFILL_BUNDLE_SHORT_KEY_TILES
+TILES = {"192": "0", "128": "1"}  # column -> PREFILL_BUNDLE_SHORT_KEY_TILES
 ROUNDS = 4
 
 
@@ -38,12 +38,12 @@ def forced(fn, mode: str):
 
 def table(rows: list) -> str:
     """rows: (shape, FlashInfer's ms, {tiles: ms}, {tiles: median ratio}, {tiles: error})."""
-    lines = ["| shape | FlashInfer us | 176-key us | 128-key us | 176-key ratio | 128-key ratio "
-             "| error 176 / 128 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| shape | FlashInfer us | 192-key us | 128-key us | 192-key ratio | 128-key ratio "
+             "| error 192 / 128 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for shape, fi_ms, ms, ratio, error in rows:
         lines.append(
-            f"| {shape} | {fi_ms * 1e3:.1f} | {ms['176'] * 1e3:.1f} | {ms['128'] * 1e3:.1f} "
-            f"| {ratio['176']:.3f} | {ratio['128']:.3f} | {error['176']:.1e} / {error['128']:.1e} |"
+            f"| {shape} | {fi_ms * 1e3:.1f} | {ms['192'] * 1e3:.1f} | {ms['128'] * 1e3:.1f} "
+            f"| {ratio['192']:.3f} | {ratio['128']:.3f} | {error['192']:.1e} / {error['128']:.1e} |"
         )
     return "\n".join(lines)
 

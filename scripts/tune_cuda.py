@@ -100,13 +100,12 @@ VARIANTS = {
     "paged_3_stages": BuildKnobs(
         paged=replace(SHIPPED_PAGED, kv_stages=3, own_output_buffer=False)
     ),
-    # Non-causal with 192-key tiles (FlashInfer fa3's choice; 0 spills at 240 registers). H200,
-    # 2026-11-29 (16), kernel time vs FlashInfer, 176 (shipped) / 192: 1x16384 0.96 / 0.97 (-1%
-    # time, four rounds in two calls), 4x512 0.84 / 0.79 (three 192-key tiles do 9% more
-    # wgmma work than three of 176 for 512 keys). Not shipped: cuda/TUNING.md. Again 2026-12-01
-    # (42), past the short-key threshold: one call at a time 0.4-2% faster, back to back 2x8192
-    # 7% slower (0.96 / 0.89), 16K the same: not shipped.
-    "full_block_n_192": BuildKnobs(full=replace(SHIPPED_FULL, block_n=192)),
+    # Non-causal with 176-key tiles (FA3's choice; shipped until 2026-12-01 (42), when sequences
+    # of up to 4096 keys had moved to the 128-key kernel and 192-key tiles, FlashInfer fa3's,
+    # took the rest: H200, 192 against 176 on 16K, 2x8192 and 3x6000 keys +0.4-2% one call at a
+    # time, +1.2% back to back for 4 s, +0-1% in alternating do_bench rounds; 1x5000 -0.5%;
+    # cuda/TUNING.md).
+    "full_block_n_176": BuildKnobs(full=replace(SHIPPED_FULL, block_n=176)),
     # Non-causal with one CTA per item (shipped until 2026-11-29 (16), when the full family went
     # persistent: +2-7% on 4x512, +0.2-0.6% on 1x16384; cuda/TUNING.md).
     "full_one_cta_per_item": BuildKnobs(full=replace(SHIPPED_FULL, persistent=False)),

@@ -268,10 +268,10 @@ def test_short_key_tiles_forces_each_call_and_tabulates():
     calls = {t: script.forced(lambda: seen.append(os.environ["PREFILL_BUNDLE_SHORT_KEY_TILES"]),
                               mode) for t, mode in script.TILES.items()}  # fmt: skip
     with mock.patch.dict(os.environ):
-        for tiles in ("128", "176", "128"):
+        for tiles in ("128", "192", "128"):
             calls[tiles]()
     assert seen == ["1", "0", "1"]
-    row = ("4x512", 0.047, {"176": 0.0514, "128": 0.0417}, {"176": 0.913, "128": 1.118},
-           {"176": 3.2e-4, "128": 3.3e-4})  # fmt: skip
+    row = ("4x512", 0.047, {"192": 0.0514, "128": 0.0417}, {"192": 0.913, "128": 1.118},
+           {"192": 3.2e-4, "128": 3.3e-4})  # fmt: skip
     text = script.table([row])
     assert "| 4x512 | 47.0 | 51.4 | 41.7 | 0.913 | 1.118 | 3.2e-04 / 3.3e-04 |" in text

@@ -39,7 +39,7 @@ def test_variants_name_knob_types():
     assert f"#define gqa_prefill gqa_prefill_{VARIANT}\n" in header
     assert (
         "#define GQA_PREFILL_KNOBS BuildKnobs<HopperKnobs<128, 3, 32, 232, true, false, true, "
-        "false>, HopperKnobs<176, 2, 24, 240, true, false, true, true>, "
+        "false>, HopperKnobs<192, 2, 24, 240, true, false, true, true>, "
         "HopperKnobs<128, 2, 32, 232, true, true, true, false>, true, true, true, true, 8>\n"
     ) in header
     with pytest.raises(ValueError):

@@ -104,7 +104,7 @@ def test_page_size_1_both_ways(solution, case, mode):
 
 
 # CUDA's padded non-causal batches on both tile shapes, whatever the key count would choose:
-# the full family's 176-key tiles ("0") and the causal family's 128-key ones ("1";
+# the full family's 192-key tiles ("0") and the causal family's 128-key ones ("1";
 # uses_short_key_tiles in cuda/entry_launch.cuh), and as the key count chooses (None: 4096 keys
 # and fewer on 128-key tiles). Key counts off both tile grids, one key, no key (rows of zeros;
 # added after the GPU run of 2026-12-01 (40)), seq_q above and below seq_kv, either side of 4096.
@@ -132,7 +132,7 @@ def short_key_tiles(monkeypatch, mode):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
-    "mode", ["0", "1", None], ids=["176_key_tiles", "128_key_tiles", "by_key_count"]
+    "mode", ["0", "1", None], ids=["192_key_tiles", "128_key_tiles", "by_key_count"]
 )
 @pytest.mark.parametrize("case", GPU_FULL_CASES, ids=lambda case: case.id)
 def test_cuda_non_causal_both_tiles(case, mode, monkeypatch):

@@ -66,14 +66,16 @@ struct KnobValues {
 
 // The shipped knobs (the measurements: TUNING.md). Causal: 128-key tiles, persistent, an output
 // buffer of its own; the producer keeps 32 registers (its ragged sequence search spills at 24).
-// Full: 176-key tiles (FA3's choice for head_dim 128), which need 240 registers per consumer
-// thread and leave no room for an output buffer; persistent too (items cost the same, but a CTA
+// Full: 192-key tiles (FlashInfer fa3's; against FA3's 176: +0.4-2% one call at a time and
+// +1.2% back to back on 16K and 2x8192 keys, TUNING.md; sequences of up to 4096 keys take the
+// causal family's tiles instead), which need 240 registers per consumer thread and leave no
+// room for an output buffer; persistent too (items cost the same, but a CTA
 // per item paid its setup and first loads each time: +2-7% on 4x512, TUNING.md), with FA3's
 // turns between the warpgroups (4x512 +5%; the causal and paged kernels gained nothing or lost
 // with them: TUNING.md). Paged: the causal knobs (the gather and FP8 loaders keep 40 producer
 // registers).
 constexpr KnobValues shipped_knobs(KernelFamily family) {
-  return family == KernelFamily::kFull ? KnobValues{176, 2, 24, 240, true, false, true, true}
+  return family == KernelFamily::kFull ? KnobValues{192, 2, 24, 240, true, false, true, true}
                                        : KnobValues{128, 2, 32, 232, true, true, true, false};
 }
 

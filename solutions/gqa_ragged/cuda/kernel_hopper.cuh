@@ -42,9 +42,9 @@ namespace gqa_prefill {
 // items ordered heaviest first, so that SMs that drew short items take more. The last CTA to draw
 // past the end zeroes the counter, so the next launch on the stream finds it at 0 without a memset.
 // While the consumers finish an item, the producer already loads the next one's K/V, and its Q
-// where the output has a buffer of its own (causal tiles). Non-causal tiles have 176 keys (FA3's
-// choice for head_dim 128), which leave no room for an output buffer: the output is staged in
-// Q's buffer, so the next item's Q waits for the epilogue.
+// where the output has a buffer of its own (causal tiles). Non-causal tiles have 192 keys
+// (FlashInfer fa3's choice for head_dim 128), which leave no room for an output buffer: the
+// output is staged in Q's buffer, so the next item's Q waits for the epilogue.
 //
 // Shared-memory tiles are stored as two 64-column halves of rows of 128 bytes with the
 // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), 1024-byte aligned: what

@@ -2,13 +2,16 @@
 SM clock stamps. The kernel's modules are rewritten (prefill_bundle.testing.rewritten_kernel_module)
 so that one thread of each role writes the SM clock at the item hand-overs into shared memory,
 copied at the end into a grown Scheduler buffer (2 work counters + SLOTS slots a block); the
-causal ragged or the window program (bfloat16) then runs on a workload's inputs, and the script
-prints each event's cycles from the block's start (median / min / max over the blocks), an
-item's cost and the fixed cost:
+causal ragged, the window or a paged program (bfloat16) then runs on a workload's inputs, and
+the script prints each event's cycles from the block's start (median / min / max over the
+blocks), an item's cost and the fixed cost:
 
     python scripts/tilelang_timeline.py chunked_prefill_2k_over_16k_window_4096 padded:8,2048
+    python scripts/tilelang_timeline.py ps64:prefix_cache_hits_8x256 ps1:prefix_cache_hits_8x256
 
-A ragged or window workload's name (prefill_bundle.workloads), or padded:BATCH,SEQ (causal).
+A ragged or window workload's name (prefill_bundle.workloads), padded:BATCH,SEQ (causal), or
+psPAGE_SIZE:NAME, a paged workload on the paged program of that page size (never the
+page-size-1 gather into the ragged program).
 Events 1-10 are the block's first item and the start of its second. The stamps cost a few
 instructions an item; the script refuses a stamped program that spills registers (the shipped
 ones spill none). Until 2026-11-28 (12) they did spill (88-108 bytes: stamps stored to global
@@ -25,12 +28,13 @@ import torch
 
 from prefill_bundle.cuda_build import ptxas_report
 from prefill_bundle.testing import (
+    PagedCase,
     RaggedCase,
     compile_fresh,
     make_inputs,
     rewritten_kernel_module,
 )
-from prefill_bundle.workloads import RaggedBatch, ragged_batch_named
+from prefill_bundle.workloads import PAGED_BATCHES, ragged_batch_named
 
 SLOTS = 16  # stamp slots a block
 MAX_BLOCKS = 132  # an H100's SMs: the persistent grid
@@ -46,6 +50,7 @@ EVENTS = [
     "epilogue end",
     "next Q issued (producer)",
     "next Q landed",
+    "first item's loads issued (producer)",
     "last item end",
     "items",
     "consumers exit",
@@ -103,12 +108,13 @@ def replacements() -> list:
     load_q = "            LoadQ(Q, Q_shared, q_full, q_empty, q_start, q_tile, head, items_done)\n"
     consume_end = "                            kv_source.out_scale(kv),\n"
     items = f'T.call_extern("handle", "tl_stamp_value", {ITEMS}, items_done[0])'
+    loads_end = "                )  # fmt: skip\n        items_done[0] = items_done[0] + 1\n"
     return [
         ("Scheduler: T.Tensor([2], T.int32),", grown),
         # the prelude: the K/V source's and the stamp
-        ("    @T.macro\n    def Body(",
+        ("    @T.macro\n    def Body(Q, kv,",
          "    stamp_prelude = (getattr(kv_source, 'prelude', None) or '') + "
-         f"{PRELUDE!r}\n\n    @T.macro\n    def Body("),
+         f"{PRELUDE!r}\n\n    @T.macro\n    def Body(Q, kv,"),
         ('prelude=getattr(kv_source, "prelude", None)) as block:',
          "prelude=stamp_prelude) as block:"),
         after("            scale_log2 = sm_scale * LOG2_E\n", stamp("block start", "tx == 0", 12)),
@@ -123,6 +129,10 @@ def replacements() -> list:
         after("        if loader_warps == 1:\n" + load_q,
               stamp("next Q issued (producer)",
                     "(tx == consumer_threads) & (items_done[0] == 1)", 12)),
+        after("            if tx < consumer_threads + 32:\n    " + load_q,
+              stamp("next Q issued (producer)",
+                    "(tx == consumer_threads) & (items_done[0] == 1)", 16)),
+
         # the consumers: tx reaches ConsumeItem as an argument
         ("ring, Output, LSE, scale_log2, poisoned, out_scale,\n    ):  # fmt: skip",
          "ring, Output, LSE, scale_log2, poisoned, out_scale, tx,\n    ):  # fmt: skip"),
@@ -138,6 +148,10 @@ def replacements() -> list:
               stamp("epilogue end", first, 8)),
         after("                    ReceiveItem(hand, indptr, Output, LSE)\n",
               stamp("first item received (consumers)", first, 20)),
+        (loads_end, "                )  # fmt: skip\n"
+         + stamp("first item's loads issued (producer)",
+                 "(tx == consumer_threads) & (items_done[0] == 0)", 8)
+         + "        items_done[0] = items_done[0] + 1\n"),
         (consume_end + "                        )  # fmt: skip\n",
          "                            kv_source.out_scale(kv), tx,\n"
          "                        )  # fmt: skip\n"
@@ -147,51 +161,70 @@ def replacements() -> list:
     ]  # fmt: skip
 
 
-def stamped_kernels(folder, windows) -> dict:
-    """window -> the stamped module's compiled program (bfloat16; window False: the causal
-    ragged one), for the windows asked only: each compile is ~40 s. Refused if ptxas spills
-    registers in it (the shipped programs spill none: the stamps would time another program)."""
+def stamped_kernels(folder, programs) -> dict:
+    """(window, page_size) -> the stamped module's compiled program (bfloat16, causal; (False,
+    None): the ragged one), for the programs asked only: each compile is ~40 s. Refused if
+    ptxas spills registers in it (the shipped programs spill none: the stamps would time
+    another program)."""
     module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements())
     kernels = {}
-    for window in set(windows):
-        kernels[window], ptxas = compile_fresh(module, "bfloat16", True, window=window)
+    for window, page_size in set(programs):
+        kernel, ptxas = compile_fresh(
+            module, "bfloat16", True, window=window, page_size=page_size
+        )  # fmt: skip
         spills = {name: r[1:] for name, r in ptxas_report(ptxas).items() if any(r[1:])}
         if spills:
             sys.exit(f"the stamped program spills (stores, loads, stack bytes): {spills}")
+        kernels[window, page_size] = kernel
     return kernels
 
 
-def batch_of(name: str) -> RaggedBatch:
+def case_of(name: str):
+    """(a RaggedCase or PagedCase, its program's (window, page_size))."""
     if name.startswith("padded:"):
         batch, seq = map(int, name.split(":")[1].split(","))
-        return RaggedBatch(name, (seq,) * batch, (seq,) * batch)
+        return RaggedCase((seq,) * batch, (seq,) * batch), (False, None)
+    if name.startswith("ps"):
+        size, name = name[2:].split(":")
+        batch = next((b for b in PAGED_BATCHES if b.name == name), None)
+        assert batch is not None, f"no paged workload {name!r}"
+        case = PagedCase(batch.q_lens, batch.kv_lens, int(size), shared_prefix=batch.shared_prefix)
+        return case, (False, int(size))
     batch = ragged_batch_named(name)
     assert batch is not None, f"no ragged or window workload {name!r}"
-    return batch
-
-
-def timeline(kernels: dict, batch: RaggedBatch) -> None:
     case = RaggedCase(batch.q_lens, batch.kv_lens, window_left=batch.window_left)
+    return case, (batch.window_left is not None, None)
+
+
+def launch_arguments(case) -> tuple:
+    """(q, the kernel's arguments before sm_scale, sm_scale), as the entry passes them."""
     args = make_inputs(case, "cuda", seed=0)
-    q, k = args[0], args[1]
-    window = () if batch.window_left is None else (args[5],)
+    if isinstance(case, PagedCase):
+        # q, caches, qo_indptr, kv_indptr, kv_indices[, kv_last_page_len], sm_scale
+        kv_indices, k_cache = args[5], args[1]
+        return args[0], (*args[:-1], kv_indices.shape[0], k_cache.shape[0]), args[-1]
+    window = () if case.window_left is None else (args[5],)
+    return args[0], (*args[:5], args[1].shape[0], *window), args[-1]
+
+
+def timeline(kernels: dict, name: str) -> None:
+    case, program = case_of(name)
+    q, head, sm_scale = launch_arguments(case)
     output = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     stamps = torch.zeros(2 + MAX_BLOCKS * SLOTS, dtype=torch.int32, device=q.device)
     for _ in range(3):  # the last launch's stamps are read
-        kernels[batch.window_left is not None](
-            *args[:5], k.shape[0], *window, args[-1], output, lse, stamps
-        )  # fmt: skip
+        kernels[program](*head, sm_scale, output, lse, stamps)
     torch.cuda.synchronize()
     blocks = min(torch.cuda.get_device_properties(0).multi_processor_count, MAX_BLOCKS)
     table = stamps[2 : 2 + blocks * SLOTS].view(blocks, SLOTS).cpu().long()
     since = lambda e: ((table[:, e] - table[:, 0]) % (1 << 32)).tolist()  # noqa: E731
     items = table[:, ITEMS].tolist()
-    print(f"== {batch.name}: cycles from the block's start, median / min / max over {blocks}")
-    for event, name in enumerate(EVENTS):
+    print(f"== {name}: cycles from the block's start, median / min / max over {blocks}")
+    for event, label in enumerate(EVENTS):
         if event not in (0, ITEMS):
             xs = since(event)
-            print(f"  {name:34s} {statistics.median(xs):10.0f} {min(xs):10.0f} {max(xs):10.0f}")
+            print(f"  {label:38s} {statistics.median(xs):10.0f} {min(xs):10.0f} {max(xs):10.0f}")
     print(f"  items a block: {dict(sorted((n, items.count(n)) for n in set(items)))}")
     end, first_end = since(EVENTS.index("last item end")), since(EVENTS.index("epilogue end"))
     later = [(e - f) / (n - 1) for e, f, n in zip(end, first_end, items) if n > 1]
@@ -203,10 +236,10 @@ def timeline(kernels: dict, batch: RaggedBatch) -> None:
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        batches = [batch_of(name) for name in sys.argv[1:]]
-        kernels = stamped_kernels(folder, [b.window_left is not None for b in batches])
-        for batch in batches:
-            timeline(kernels, batch)
+        names = sys.argv[1:]
+        kernels = stamped_kernels(folder, [case_of(name)[1] for name in names])
+        for name in names:
+            timeline(kernels, name)
 
 
 if __name__ == "__main__":

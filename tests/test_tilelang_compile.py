@@ -299,7 +299,7 @@ def test_timeline_script_stamps_every_event_of_the_window_program(tmp_path):
     spilling registers (stamped_kernels refuses a program that spills: the shipped ones do not,
     and a spilled one times another program; the stamps did spill until 2026-11-28 (12))."""
     timeline = load_script("tilelang_timeline")
-    source = timeline.stamped_kernels(tmp_path, [True])[True].get_kernel_source()
+    source = timeline.stamped_kernels(tmp_path, [(True, None)])[True, None].get_kernel_source()
     sites = re.findall(r"tl_stamp\((\d+)\);", source)
     events = [e for e in range(len(timeline.EVENTS)) if e != timeline.ITEMS]
     assert sorted(map(int, sites)) == events

@@ -11,7 +11,8 @@ blocks), an item's cost and the fixed cost:
 
 A ragged or window workload's name (prefill_bundle.workloads), padded:BATCH,SEQ (causal), or
 psPAGE_SIZE:NAME, a paged workload on the paged program of that page size (never the
-page-size-1 gather into the ragged program).
+page-size-1 gather into the ragged program). KNOB=VALUE arguments (Python literals) are merged
+into block_config: a knob under trial (tilelang/TUNING.md).
 Events 1-10 are the block's first item and the start of its second. The stamps cost a few
 instructions an item; the script refuses a stamped program that spills registers (the shipped
 ones spill none). Until 2026-11-28 (12) they did spill (88-108 bytes: stamps stored to global
@@ -20,6 +21,7 @@ transitions") before that date timed a slower program than the shipped one.
 tests/test_tilelang_compile.py compiles the stamped programs (the anchors still exist, no spills).
 """
 
+import ast
 import statistics
 import sys
 import tempfile
@@ -161,16 +163,21 @@ def replacements() -> list:
     ]  # fmt: skip
 
 
-def stamped_kernels(folder, programs) -> dict:
+def stamped_kernels(folder, programs, knobs=None) -> dict:
     """(window, page_size) -> the stamped module's compiled program (bfloat16, causal; (False,
-    None): the ragged one), for the programs asked only: each compile is ~40 s. Refused if
-    ptxas spills registers in it (the shipped programs spill none: the stamps would time
-    another program)."""
+    None): the ragged one), for the programs asked only: each compile is ~40 s. knobs: merged
+    into block_config (a knob under trial). Refused if ptxas spills registers in it (the
+    shipped programs spill none: the stamps would time another program)."""
     module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements())
     kernels = {}
     for window, page_size in set(programs):
+        contiguous = page_size is None and not window
+        config = {
+            **module.block_config("bfloat16", True, contiguous, page_size == 1),
+            **(knobs or {}),
+        }
         kernel, ptxas = compile_fresh(
-            module, "bfloat16", True, window=window, page_size=page_size
+            module, "bfloat16", True, window=window, page_size=page_size, **config
         )  # fmt: skip
         spills = {name: r[1:] for name, r in ptxas_report(ptxas).items() if any(r[1:])}
         if spills:
@@ -236,8 +243,10 @@ def timeline(kernels: dict, name: str) -> None:
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        names = sys.argv[1:]
-        kernels = stamped_kernels(folder, [case_of(name)[1] for name in names])
+        names = [arg for arg in sys.argv[1:] if "=" not in arg]
+        knobs = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
+        knobs = {key: ast.literal_eval(value) for key, value in knobs.items()}
+        kernels = stamped_kernels(folder, [case_of(name)[1] for name in names], knobs)
         for name in names:
             timeline(kernels, name)
 

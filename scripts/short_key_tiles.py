@@ -1,6 +1,7 @@
-"""On the GPU: CUDA's padded non-causal kernels by key count, the full family's 192-key tiles
-against the causal family's 128-key ones (gqa_prefill_full128_wgmma_kernel), each forced with
-PREFILL_BUNDLE_SHORT_KEY_TILES=0 / 1, kernel time over FlashInfer fa3's in alternating rounds
+"""On the GPU: CUDA's padded non-causal kernels by key count, the full family's tiles (192 keys,
+cuda_variants.SHIPPED_FULL) against the causal family's 128-key ones
+(gqa_prefill_full128_wgmma_kernel), each forced with PREFILL_BUNDLE_SHORT_KEY_TILES=0 / 1,
+kernel time over FlashInfer fa3's in alternating rounds
 (gpu_timing). Where the two cross sets uses_short_key_tiles' threshold (cuda/entry_launch.cuh;
 cuda/TUNING.md, "Short non-causal sequences"). Outputs checked against FlashInfer's first.
 
@@ -12,6 +13,7 @@ import os
 
 import torch
 
+from prefill_bundle.cuda_variants import SHIPPED_CAUSAL, SHIPPED_FULL
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.testing import (
     build_solution,
@@ -22,7 +24,9 @@ from prefill_bundle.testing import (
 )
 
 SHAPES = ["4x512", "8x1024", "4x2048", "2x4096", "1x8192", "1x16384"]
-TILES = {"192": "0", "128": "1"}  # column -> PREFILL_BUNDLE_SHORT_KEY_TILES
+# column (the family's keys a tile) -> PREFILL_BUNDLE_SHORT_KEY_TILES
+FULL, SHORT = str(SHIPPED_FULL.block_n), str(SHIPPED_CAUSAL.block_n)
+TILES = {FULL: "0", SHORT: "1"}
 ROUNDS = 4
 
 
@@ -38,12 +42,13 @@ def forced(fn, mode: str):
 
 def table(rows: list) -> str:
     """rows: (shape, FlashInfer's ms, {tiles: ms}, {tiles: median ratio}, {tiles: error})."""
-    lines = ["| shape | FlashInfer us | 192-key us | 128-key us | 192-key ratio | 128-key ratio "
-             "| error 192 / 128 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"| shape | FlashInfer us | {FULL}-key us | {SHORT}-key us | {FULL}-key ratio "
+             f"| {SHORT}-key ratio | error {FULL} / {SHORT} |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for shape, fi_ms, ms, ratio, error in rows:
         lines.append(
-            f"| {shape} | {fi_ms * 1e3:.1f} | {ms['192'] * 1e3:.1f} | {ms['128'] * 1e3:.1f} "
-            f"| {ratio['192']:.3f} | {ratio['128']:.3f} | {error['192']:.1e} / {error['128']:.1e} |"
+            f"| {shape} | {fi_ms * 1e3:.1f} | {ms[FULL] * 1e3:.1f} | {ms[SHORT] * 1e3:.1f} "
+            f"| {ratio[FULL]:.3f} | {ratio[SHORT]:.3f} | {error[FULL]:.1e} / {error[SHORT]:.1e} |"
         )
     return "\n".join(lines)
 

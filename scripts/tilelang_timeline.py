@@ -12,7 +12,8 @@ blocks), an item's cost and the fixed cost:
 A ragged or window workload's name (prefill_bundle.workloads), padded:BATCH,SEQ (causal), or
 psPAGE_SIZE:NAME, a paged workload on the paged program of that page size (never the
 page-size-1 gather into the ragged program). KNOB=VALUE arguments (Python literals) are merged
-into block_config: a knob under trial (tilelang/TUNING.md).
+into block_config: a knob under trial (tilelang/TUNING.md); --consumers leaves the producer
+warp's stamps out (they spill its 24 registers beside some knobs).
 Events 1-10 are the block's first item and the start of its second. The stamps cost a few
 instructions an item; the script refuses a stamped program that spills registers (the shipped
 ones spill none). Until 2026-11-28 (12) they did spill (88-108 bytes: stamps stored to global
@@ -102,8 +103,10 @@ def after(line: str, *added: str) -> tuple:
     return line, line + "".join(added)
 
 
-def replacements() -> list:
-    """(pattern, replacement) pairs of the stamped program (gqa_prefill_ws, gqa_prefill_items)."""
+def replacements(producer: bool = True) -> list:
+    """(pattern, replacement) pairs of the stamped program (gqa_prefill_ws, gqa_prefill_items);
+    producer False: without the producer warp's stamps (its 24 registers may not hold them
+    beside a knob under trial)."""
     first, second = "(tx == 0) & (items_done[0] == 0)", "(tx == 0) & (items_done[0] == 1)"
     grown = f"Scheduler: T.Tensor([2 + {MAX_BLOCKS * SLOTS}], T.int32),"
     epilogue = "        # TileLang puts a consumer barrier before the copy into O_shared:\n"
@@ -111,7 +114,7 @@ def replacements() -> list:
     consume_end = "                            kv_source.out_scale(kv),\n"
     items = f'T.call_extern("handle", "tl_stamp_value", {ITEMS}, items_done[0])'
     loads_end = "                )  # fmt: skip\n        items_done[0] = items_done[0] + 1\n"
-    return [
+    pairs = [
         ("Scheduler: T.Tensor([2], T.int32),", grown),
         # the prelude: the K/V source's and the stamp
         ("    @T.macro\n    def Body(Q, kv,",
@@ -161,14 +164,19 @@ def replacements() -> list:
          + guarded(items, "tx == 0", 24)
          + stamp("consumers exit", "tx == 0", 16) + flush("tx == 0", 16)),
     ]  # fmt: skip
+    if producer:
+        return pairs
+    mine = [f'"tl_stamp", {EVENTS.index(e)})' for e in EVENTS if "(producer)" in e]
+    return [(p, r) for p, r in pairs if not any(call in r for call in mine)]
 
 
-def stamped_kernels(folder, programs, knobs=None) -> dict:
+def stamped_kernels(folder, programs, knobs=None, producer=True) -> dict:
     """(window, page_size) -> the stamped module's compiled program (bfloat16, causal; (False,
     None): the ragged one), for the programs asked only: each compile is ~40 s. knobs: merged
-    into block_config (a knob under trial). Refused if ptxas spills registers in it (the
-    shipped programs spill none: the stamps would time another program)."""
-    module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements())
+    into block_config (a knob under trial); producer False: the consumers' stamps only.
+    Refused if ptxas spills registers in it (the shipped programs spill none: the stamps would
+    time another program)."""
+    module = rewritten_kernel_module(folder, "gqa_prefill_timeline", replacements(producer))
     kernels = {}
     for window, page_size in set(programs):
         contiguous = page_size is None and not window
@@ -214,7 +222,7 @@ def launch_arguments(case) -> tuple:
     return args[0], (*args[:5], args[1].shape[0], *window), args[-1]
 
 
-def timeline(kernels: dict, name: str) -> None:
+def timeline(kernels: dict, name: str, producer: bool = True) -> None:
     case, program = case_of(name)
     q, head, sm_scale = launch_arguments(case)
     output = torch.empty_like(q)
@@ -229,7 +237,7 @@ def timeline(kernels: dict, name: str) -> None:
     items = table[:, ITEMS].tolist()
     print(f"== {name}: cycles from the block's start, median / min / max over {blocks}")
     for event, label in enumerate(EVENTS):
-        if event not in (0, ITEMS):
+        if event not in (0, ITEMS) and (producer or "(producer)" not in label):
             xs = since(event)
             print(f"  {label:38s} {statistics.median(xs):10.0f} {min(xs):10.0f} {max(xs):10.0f}")
     print(f"  items a block: {dict(sorted((n, items.count(n)) for n in set(items)))}")
@@ -243,12 +251,14 @@ def timeline(kernels: dict, name: str) -> None:
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        names = [arg for arg in sys.argv[1:] if "=" not in arg]
-        knobs = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
+        args = [arg for arg in sys.argv[1:] if arg != "--consumers"]
+        names = [arg for arg in args if "=" not in arg]
+        knobs = dict(arg.split("=", 1) for arg in args if "=" in arg)
         knobs = {key: ast.literal_eval(value) for key, value in knobs.items()}
-        kernels = stamped_kernels(folder, [case_of(name)[1] for name in names], knobs)
+        programs = [case_of(name)[1] for name in names]
+        kernels = stamped_kernels(folder, programs, knobs, "--consumers" not in sys.argv)
         for name in names:
-            timeline(kernels, name)
+            timeline(kernels, name, "--consumers" not in sys.argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ psPAGE_SIZE:NAME, a paged workload on the paged program of that page size (never
 page-size-1 gather into the ragged program). KNOB=VALUE arguments (Python literals) are merged
 into block_config: a knob under trial (tilelang/TUNING.md); --consumers leaves the producer
 warp's stamps out (they spill its 24 registers beside some knobs).
-Events 1-10 are the block's first item and the start of its second. The stamps cost a few
+Events 1-10 are the block's first item and the start of its second. ("Q's buffer freed" is
+where the consumers are past the item's last Q K^T; a program that stages its output in Q's
+buffer, page size 1's, frees it only after the epilogue.) The stamps cost a few
 instructions an item; the script refuses a stamped program that spills registers (the shipped
 ones spill none). Until 2026-11-28 (12) they did spill (88-108 bytes: stamps stored to global
 memory, one at the producer's exit), so the timelines in tilelang/TUNING.md ("An item's
@@ -137,7 +139,6 @@ def replacements(producer: bool = True) -> list:
         after("            if tx < consumer_threads + 32:\n    " + load_q,
               stamp("next Q issued (producer)",
                     "(tx == consumer_threads) & (items_done[0] == 1)", 16)),
-
         # the consumers: tx reaches ConsumeItem as an argument
         ("ring, Output, LSE, scale_log2, poisoned, out_scale,\n    ):  # fmt: skip",
          "ring, Output, LSE, scale_log2, poisoned, out_scale, tx,\n    ):  # fmt: skip"),
@@ -251,14 +252,15 @@ def timeline(kernels: dict, name: str, producer: bool = True) -> None:
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
+        producer = "--consumers" not in sys.argv
         args = [arg for arg in sys.argv[1:] if arg != "--consumers"]
         names = [arg for arg in args if "=" not in arg]
         knobs = dict(arg.split("=", 1) for arg in args if "=" in arg)
         knobs = {key: ast.literal_eval(value) for key, value in knobs.items()}
         programs = [case_of(name)[1] for name in names]
-        kernels = stamped_kernels(folder, programs, knobs, "--consumers" not in sys.argv)
+        kernels = stamped_kernels(folder, programs, knobs, producer)
         for name in names:
-            timeline(kernels, name, "--consumers" not in sys.argv)
+            timeline(kernels, name, producer)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ rounds.
 --old takes Solution JSON files of earlier versions (e.g. `git show REV:solutions/...json`),
 timed beside the current ones as "<name>@old", or of variants (scripts/tilelang_variant.py),
 under their own names; kernel time (triton.testing.do_bench) is printed too, to tell a kernel
-change from a host one.
+change from a host one: by default the best of the two rounds' 50 ms timings, which moves by
+2-3% between calls; with --kernel-rounds N the median of N alternating rounds' ratios, each
+timing 200 ms (gpu_timing.alternating_ms), which separated 1% on the paged rows in
+2026-12-01 (43) (tilelang/TUNING.md).
+
+    python scripts/compare_gpu.py tilelang_paged_ps64 --old V/x.json --kernel-rounds 8
 """
 
 import argparse
@@ -23,7 +28,7 @@ from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
 
 from prefill_bundle import MINI, PAGE_SIZES, PAGED_FP8, RAGGED, SWA
-from prefill_bundle.gpu_timing import clocks
+from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
@@ -110,7 +115,15 @@ def call_args(runnables, case, inputs) -> dict:
     return args
 
 
-def compare(names, baseline, cases, old=()):
+def kernel_ratios(runnables, args, baseline, rounds: int) -> dict:
+    """name -> the baseline's kernel time over name's: the median of `rounds` alternating
+    rounds' ratios (ABBA), do_bench 200 ms a timing."""
+    calls = {name: (runnables[name], args[name]) for name in runnables}
+    ms = alternating_ms(calls, rounds, lambda fn, a: kernel_ms(fn, a, warmup=25, rep=200))
+    return {name: median(round_ratios(ms, baseline, name)) for name in runnables}
+
+
+def compare(names, baseline, cases, old=(), kernel_rounds=0):
     runnables = {name: build_solution(name) for name in [baseline, *names]}
     for solution in old:
         # an earlier version of a shipped solution, or a variant (tilelang_variant.py) by name
@@ -131,8 +144,12 @@ def compare(names, baseline, cases, old=()):
                 best[name] = min(best[name], ms)
                 call = lambda: runnables[name](*args[name])  # noqa: E731
                 kernel[name] = min(kernel[name], triton.testing.do_bench(call, 10, 50))
+        if kernel_rounds:
+            paired = kernel_ratios(runnables, args, baseline, kernel_rounds)
+        else:
+            paired = {name: kernel[baseline] / kernel[name] for name in names}
         for name in names:
-            ratios = best[baseline] / best[name], kernel[baseline] / kernel[name]
+            ratios = best[baseline] / best[name], paired[name]
             rows.append(
                 (case.id[:34], name, best[name], *ratios, error(args, inputs, name, baseline))
             )
@@ -149,6 +166,13 @@ def main():
         nargs="+",
         metavar="NAME",
         help="only these ragged, window and paged workloads (no padded shapes)",
+    )
+    parser.add_argument(
+        "--kernel-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="kernel time from N alternating rounds of 200 ms timings (median ratio)",
     )
     parser.add_argument(
         "--padded",
@@ -170,7 +194,7 @@ def main():
             if options.workloads:
                 big = [c for c in big if WORKLOAD_OF.get(c.id) in options.workloads]
             olds = [s for s in old if s.definition == definition]
-            rows += compare(names, baseline, big, olds)
+            rows += compare(names, baseline, big, olds, options.kernel_rounds)
     print("gpu at end:", clocks())
     # err: the output's normwise distance to the baseline's (a wrong variant is not a fast one)
     header = f"{'shape':34s} {'solution':20s} {'ms':>9s} {'FI/x':>6s} {'kernel FI/x':>11s}"

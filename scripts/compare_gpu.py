@@ -23,7 +23,6 @@ import argparse
 import math
 
 import torch
-import triton.testing
 from flashinfer_bench import Solution
 from flashinfer_bench.bench.timing import time_runnable
 
@@ -142,8 +141,8 @@ def compare(names, baseline, cases, old=(), kernel_rounds=0):
             for name in names if round_ == 0 else names[::-1]:
                 ms = time_runnable(runnables[name], args[name], 10, 50, "cuda")
                 best[name] = min(best[name], ms)
-                call = lambda: runnables[name](*args[name])  # noqa: E731
-                kernel[name] = min(kernel[name], triton.testing.do_bench(call, 10, 50))
+                if not kernel_rounds:  # else timed in rounds of their own below
+                    kernel[name] = min(kernel[name], kernel_ms(runnables[name], args[name]))
         if kernel_rounds:
             paired = kernel_ratios(runnables, args, baseline, kernel_rounds)
         else:

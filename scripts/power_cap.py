@@ -4,20 +4,31 @@ nvidia-smi every 100 ms, the steady state's medians, two rounds in ABBA order. O
 kernel ran at the software power cap (cuda/TUNING.md, "The long shapes run at the card's power
 cap"): TF/s per GHz is then a kernel's cycle efficiency, the clock what its power allows.
 
-    python scripts/power_cap.py
+    python scripts/power_cap.py [--shapes 1x16384 8x2048c 1x8192c] [--no-gemm]
+    python scripts/power_cap.py --solutions flashinfer_mini cuda_mini V/cuda_mini_x.json
+
+A shape is BATCHxLENGTH, with a trailing c for causal. Each solution is called a few times
+before its first sample (its first call builds or plans).
 """
 
+import argparse
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 import torch
 
 from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
-from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import (
+    PaddedCase,
+    build_solution_or_file,
+    make_inputs,
+    poisoned_outputs,
+)
 
 SOLUTIONS = ["flashinfer_mini", "cuda_mini", "tilelang_mini", "triton_mini"]
-SHAPES = [(1, 16384, False), (8, 2048, True)]
+SHAPES = ["1x16384", "8x2048c"]
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.sw_power_cap"
 
 
@@ -56,22 +67,45 @@ def row(label: str, name: str, flops: float, fn) -> str:
             f"{tflops / mhz * 1000:.0f} | {capped}/{samples} | {temperature} |")  # fmt: skip
 
 
+def parse_shape(text: str) -> tuple[int, int, bool]:
+    """'8x2048c' -> (8, 2048, True)."""
+    causal = text.endswith("c")
+    batch, length = text.rstrip("c").split("x")
+    return int(batch), int(length), causal
+
+
+def one_call(fn, case, inputs):
+    """A call of the built solution on inputs (poisoned outputs if it writes into them)."""
+    dps = fn.metadata.destination_passing_style
+    call_args = inputs + (poisoned_outputs(case, inputs) if dps else [])
+    return lambda: fn(*call_args)
+
+
 def main():
-    runnables = {name: build_solution(name) for name in SOLUTIONS}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=SHAPES, help="BATCHxLENGTH[c]")
+    parser.add_argument("--solutions", nargs="+", default=SOLUTIONS, help="names or JSON files")
+    parser.add_argument("--no-gemm", action="store_true", help="leave out cuBLAS's GEMM")
+    args = parser.parse_args()
+    names = [Path(s).stem for s in args.solutions]
+    runnables = {Path(s).stem: build_solution_or_file(s) for s in args.solutions}
     print("| shape | kernel | ms a call | TF/s | SM MHz | W | TF/s per GHz | power-capped samples "
           "| C |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    for batch, length, causal in SHAPES:
+    for batch, length, causal in map(parse_shape, args.shapes):
         case = PaddedCase(batch, length, length, causal)
         inputs = make_inputs(case, "cuda", seed=0)
         flops = FLOPS_PER_PAIR * batch * visible_pairs(length, length, causal)
         label = f"{batch}x{length} {'causal' if causal else 'non-causal'}"
+        calls = {name: one_call(fn, case, inputs) for name, fn in runnables.items()}
+        for call in calls.values():  # the first calls build and plan
+            for _ in range(3):
+                call()
+        torch.cuda.synchronize()
         for round_ in range(2):
-            for name in SOLUTIONS if round_ == 0 else SOLUTIONS[::-1]:
-                fn = runnables[name]
-                dps = fn.metadata.destination_passing_style
-                args = inputs + (poisoned_outputs(case, inputs) if dps else [])
-                print(row(f"{label}, round {round_ + 1}", name, flops, lambda: fn(*args)),
-                      flush=True)  # fmt: skip
+            for name in names if round_ == 0 else names[::-1]:
+                print(row(f"{label}, round {round_ + 1}", name, flops, calls[name]), flush=True)
+    if args.no_gemm:
+        return
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn_like(a)
     print(row("GEMM 8192^3", "cuBLAS bf16", 2 * 8192**3, lambda: a @ b))

@@ -523,6 +523,14 @@ def run_solution(name: str, case, inputs) -> list:
     return run_runnable(build_solution(name), case, inputs)
 
 
+def call_arguments(runnable, case, inputs) -> list:
+    """A built solution's call arguments: the inputs, then poisoned outputs if it writes into
+    them (destination-passing), so that an unwritten element shows."""
+    if runnable.metadata.destination_passing_style:
+        return [*inputs, *poisoned_outputs(case, inputs)]
+    return list(inputs)
+
+
 def run_runnable(runnable, case, inputs) -> list:
     """The outputs of a built solution on `inputs` (destination-passing ones into poisoned
     buffers)."""

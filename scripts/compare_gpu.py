@@ -34,11 +34,11 @@ from prefill_bundle.testing import (
     RaggedCase,
     build_solution,
     build_solution_object,
+    call_arguments,
     load_solution,
     make_inputs,
     normwise_error,
     padded_case,
-    poisoned_outputs,
 )
 from prefill_bundle.workloads import (
     FP8_K_SCALE,
@@ -107,11 +107,7 @@ def error(args, inputs, name, baseline) -> float:
 def call_args(runnables, case, inputs) -> dict:
     """Each runnable's call arguments: the inputs, then poisoned outputs for a
     destination-passing one (an unwritten element shows)."""
-    args = {}
-    for name, fn in runnables.items():
-        dps = fn.metadata.destination_passing_style
-        args[name] = inputs + (poisoned_outputs(case, inputs) if dps else [])
-    return args
+    return {name: call_arguments(fn, case, inputs) for name, fn in runnables.items()}
 
 
 def kernel_ratios(runnables, args, baseline, rounds: int) -> dict:

@@ -21,9 +21,9 @@ from prefill_bundle.gpu_timing import alternating_ms, clocks, median, round_rati
 from prefill_bundle.testing import (
     PagedCase,
     build_solution,
+    call_arguments,
     make_inputs,
     normwise_error,
-    poisoned_outputs,
     reference_outputs,
     run_solution,
 )
@@ -67,8 +67,7 @@ def main():
                 ("fp8", f"{backend}_fp8kv", fp8),
             ):
                 fn = build_solution(name)
-                outs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
-                pair[kind] = (fn, args + outs)
+                pair[kind] = (fn, call_arguments(fn, case, args))
             error = normwise_error(run_solution(f"{backend}_fp8kv", case, fp8)[0], expected[0])
             ms = alternating_ms(pair)
             ratio = median(round_ratios(ms, "bf16", "fp8"))

@@ -20,7 +20,7 @@ import torch
 
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
-from prefill_bundle.testing import PaddedCase, build_solution, make_inputs, poisoned_outputs
+from prefill_bundle.testing import PaddedCase, build_solution, call_arguments, make_inputs
 
 # Issue 19's shapes: (batch, length, causal).
 SHAPES = [(1, 16384, False), (1, 32768, True), (8, 2048, True), (1, 8192, True), (4, 512, False)]
@@ -44,10 +44,7 @@ def measure() -> tuple:
     for batch, length, causal in SHAPES:
         case = PaddedCase(batch, length, length, causal)
         inputs = make_inputs(case, "cuda", seed=0)
-        calls = {}
-        for name, fn in runnables.items():
-            dps = fn.metadata.destination_passing_style
-            calls[name] = (fn, inputs + (poisoned_outputs(case, inputs) if dps else []))
+        calls = {name: (fn, call_arguments(fn, case, inputs)) for name, fn in runnables.items()}
         ms = alternating_ms(calls, ROUNDS, lambda fn, args: kernel_ms(fn, args, rep=REP_MS))
         for name in SOLUTIONS:  # the spread behind each median
             rounds = " ".join(f"{x:.3f}" for x in ms[name])

@@ -18,9 +18,9 @@ from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median,
 from prefill_bundle.testing import (
     PagedCase,
     build_solution,
+    call_arguments,
     make_inputs,
     nan_slots_to_zero,
-    poisoned_outputs,
 )
 from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
 
@@ -64,12 +64,7 @@ def main():
                     ("paged", f"{backend}_paged_ps{page_size}", paged),
                 ):
                     fn = build_solution(name)
-                    outs = (
-                        poisoned_outputs(case, args)
-                        if fn.metadata.destination_passing_style
-                        else []
-                    )
-                    pair[kind] = (fn, args + outs)
+                    pair[kind] = (fn, call_arguments(fn, case, args))
                 for fn, args in pair.values():
                     short_kernel_ms(fn, args)  # warm-up
                 ms = alternating_ms(pair, timer=short_kernel_ms)

@@ -23,8 +23,8 @@ from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
 from prefill_bundle.testing import (
     PaddedCase,
     build_solution_or_file,
+    call_arguments,
     make_inputs,
-    poisoned_outputs,
 )
 
 SOLUTIONS = ["flashinfer_mini", "cuda_mini", "tilelang_mini", "triton_mini"]
@@ -75,9 +75,8 @@ def parse_shape(text: str) -> tuple[int, int, bool]:
 
 
 def one_call(fn, case, inputs):
-    """A call of the built solution on inputs (poisoned outputs if it writes into them)."""
-    dps = fn.metadata.destination_passing_style
-    call_args = inputs + (poisoned_outputs(case, inputs) if dps else [])
+    """A call of the built solution on inputs (testing.call_arguments)."""
+    call_args = call_arguments(fn, case, inputs)
     return lambda: fn(*call_args)
 
 

@@ -30,9 +30,9 @@ from prefill_bundle.testing import (
     PagedCase,
     RaggedCase,
     build_solution_or_file,
+    call_arguments,
     make_inputs,
     nan_slots_to_zero,
-    poisoned_outputs,
 )
 from prefill_bundle.workloads import (
     FP8_K_SCALE,
@@ -73,12 +73,12 @@ def contiguous_case(workload: str):
 
 def profile(fn, case, args):
     """Two warm-up calls, then one between cudaProfilerStart and Stop."""
-    outputs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
+    call_args = call_arguments(fn, case, args)
     for _ in range(2):
-        fn(*args, *outputs)
+        fn(*call_args)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    fn(*args, *outputs)
+    fn(*call_args)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -24,9 +24,9 @@ from prefill_bundle.report import FLOPS_PER_PAIR, tiled_pairs, visible_pairs
 from prefill_bundle.testing import (
     RaggedCase,
     build_solution,
+    call_arguments,
     entry_module,
     make_inputs,
-    poisoned_outputs,
 )
 from prefill_bundle.workloads import SWA_BATCHES
 
@@ -104,8 +104,7 @@ def main():
             for kind, name, args in (("causal", f"{backend}_ragged", causal),
                                      ("window", f"{backend}_swa", windowed)):  # fmt: skip
                 fn = build_solution(name)
-                outs = poisoned_outputs(case, args) if fn.metadata.destination_passing_style else []
-                pair[kind] = (fn, args + outs)
+                pair[kind] = (fn, call_arguments(fn, case, args))
             ms = alternating_ms(pair)
             timed[backend] = ms
         for backend, ms in timed.items():

@@ -275,3 +275,20 @@ def test_short_key_tiles_forces_each_call_and_tabulates():
            {"192": 3.2e-4, "128": 3.3e-4})  # fmt: skip
     text = script.table([row])
     assert "| 4x512 | 47.0 | 51.4 | 41.7 | 0.913 | 1.118 | 3.2e-04 / 3.3e-04 |" in text
+
+
+def test_call_arguments_poison_only_what_the_solution_writes_into():
+    from types import SimpleNamespace
+
+    from prefill_bundle.testing import RaggedCase, call_arguments, make_inputs
+
+    for case in (PaddedCase(1, 5, 7, True), RaggedCase((3, 0), (4, 2))):
+        inputs = make_inputs(case, "cpu", seed=0)
+        writer = SimpleNamespace(metadata=SimpleNamespace(destination_passing_style=True))
+        returner = SimpleNamespace(metadata=SimpleNamespace(destination_passing_style=False))
+        assert call_arguments(returner, case, inputs) == inputs
+        args = call_arguments(writer, case, inputs)
+        assert args[: len(inputs)] == inputs
+        outputs = args[len(inputs) :]
+        assert len(outputs) == (1 if isinstance(case, PaddedCase) else 2)  # output (and lse)
+        assert outputs[0].shape == inputs[0].shape and outputs[0].isnan().all()

@@ -454,11 +454,11 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     }
     // Iteration n: O += P[n] V[n] runs on the tensor cores while the softmax of S[n + 1]
     // (issued just before it) runs on the CUDA cores. The last tile's P V runs after the loop.
-    // Unrolled twice over contiguous causal K/V (1.3-2% fewer cycles on the H200, as the Gluon
-    // kernel's loop: TUNING.md); the 192-key full family spills unrolled, and the paged and
-    // window kernels are not measured unrolled yet.
+    // Unrolled twice over contiguous K/V in 128-key tiles (causal, window, full128: 0.7-2.3%
+    // fewer cycles on the H200, as the Gluon kernel's loop: TUNING.md); the 192-key full family
+    // spills unrolled, and the paged loaders gain nothing from it (FP8 loses 0.5%).
     constexpr int kLoopUnroll =
-        kCausal && !kWindow && std::is_same_v<Kv, ContiguousKv<kRagged>> ? 2 : 1;
+        kBlockN <= 128 && std::is_same_v<Kv, ContiguousKv<kRagged>> ? 2 : 1;
 #pragma unroll kLoopUnroll
     for (int n = 0; n + 1 < num_kv_tiles; ++n) {
       const RingSlot current(tile_count + n), next(tile_count + n + 1);

@@ -141,7 +141,6 @@ def gqa_prefill(
     fp8_f16_pv: bool = False,
     output_in_q: bool = False,
     long_keys: bool = False,
-    loop_unroll: int = 1,
 ):
     """Build the T.prim_func of one variant.
 
@@ -197,9 +196,6 @@ def gqa_prefill(
     output_in_q (persistent ws): the output is staged in Q's buffer instead of one of its own
     (which 128 x 176 tiles leave no room for), so the next item's Q loads after the epilogue;
     a block-per-item program stages it there anyway.
-    loop_unroll (ws; a knob, built 2026-12-01 (44), not measured yet): the unmasked key-tile
-    loop under `#pragma unroll loop_unroll` (CUDA's causal loop gained 1.3-2% of its cycles
-    unrolled twice: cuda/TUNING.md); 1 leaves the unroll to nvcc.
     """
     steps = build_steps(
         dtype, causal, block_M, block_N, page_size, window, cache_dtype, split, pack,
@@ -209,9 +205,7 @@ def gqa_prefill(
     if ws:
         ws_threads = consumer_threads_of(block_M) + 128
         assert threads in (None, ws_threads), "ws: one producer, block_M // 64 consumers"
-        return gqa_prefill_ws(
-            steps, num_stages, pingpong, persistent, num_sms, output_in_q, loop_unroll
-        )
+        return gqa_prefill_ws(steps, num_stages, pingpong, persistent, num_sms, output_in_q)
     threads = threads or 128 * max(block_M // 64, 1)
     return gqa_prefill_pipelined(steps, num_stages, threads, overlap)
 

@@ -30,7 +30,7 @@ def consumer_threads_of(block_M: int) -> int:
 
 def gqa_prefill_ws(
     steps, num_stages: int, pingpong: bool, persistent: bool, num_sms: int,
-    output_in_q: bool = False, loop_unroll: int = 1,
+    output_in_q: bool = False,
 ):  # fmt: skip
     """FA3's structure written out (gqa_prefill(ws=True)): the program gqa_prefill documents.
 
@@ -158,12 +158,6 @@ def gqa_prefill_ws(
     def softmax_scale(scale_log2, q_split):
         """The softmax's scale: scale_log2, or split_q's per-row fragment."""
         return scale_log2 if q_split is None else q_split[2]
-
-    def unmasked_tiles(begin, end):
-        """The loop over an item's unmasked key tiles (loop_unroll > 1: `#pragma unroll`)."""
-        if loop_unroll == 1:
-            return T.serial(begin, end)
-        return T.unroll(begin, end, annotations={"pragma_unroll_factor": loop_unroll})
 
     def alloc_q_split():
         """split_q: Q's two e4m3 terms (16 KB each) and the rows' softmax scales; else None."""
@@ -322,10 +316,10 @@ def gqa_prefill_ws(
             interior = T.max(T.min(left_end(q_pos0), mask_from), 1)
             for k in T.serial(1, interior):
                 Step(k, r, True, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
-            for k in unmasked_tiles(interior, mask_from):
+            for k in T.serial(interior, mask_from):
                 Step(k, r, False, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         else:
-            for k in unmasked_tiles(1, mask_from):
+            for k in T.serial(1, mask_from):
                 Step(k, r, False, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))
         for k in T.serial(mask_from, loop_range):
             Step(k, r, True, *bufs, seq_kv, q_pos0, softmax_scale(scale_log2, q_split))

@@ -344,8 +344,9 @@ def test_decode_probe_compiles(tmp_path):
 def test_kernels_on_the_causal_tiles(compiled, objects, wgmma_kernel, portable_kernel):
     """sm_90a: the sliding-window Hopper kernel (the ragged causal one with a band) and the
     padded non-causal kernel of short sequences run the causal family's tiles: 128-key HGMMAs
-    (the loop unrolled twice), none of 192 keys, TMA Q and K/V boxes, setmaxnreg, no turns. The window's portable kernel
-    uses mma.sync (full128's is the padded full one); the sm_90 build holds a stub."""
+    (the loop unrolled twice), none of 192 keys, TMA Q and K/V boxes, setmaxnreg, no turns. The
+    window's portable kernel uses mma.sync (full128's is the padded full one); the sm_90 build
+    holds a stub."""
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump found")

@@ -4,10 +4,10 @@ nvidia-smi every 100 ms, the steady state's medians, two rounds in ABBA order. O
 kernel ran at the software power cap (cuda/TUNING.md, "The long shapes run at the card's power
 cap"): TF/s per GHz is then a kernel's cycle efficiency, the clock what its power allows.
 
-    python scripts/power_cap.py [--shapes 1x16384 8x2048c 1x8192c] [--no-gemm]
+    python scripts/power_cap.py [--shapes 1x16384 8x2048-causal 1x8192-causal] [--no-gemm]
     python scripts/power_cap.py --solutions flashinfer_mini cuda_mini V/cuda_mini_x.json
 
-A shape is BATCHxLENGTH, with a trailing c for causal. Each solution is called a few times
+A shape is BATCHxLENGTH[-causal], as compare_gpu.py's --padded. Each solution is called a few times
 before its first sample (its first call builds or plans).
 """
 
@@ -21,14 +21,14 @@ import torch
 
 from prefill_bundle.report import FLOPS_PER_PAIR, visible_pairs
 from prefill_bundle.testing import (
-    PaddedCase,
     build_solution_or_file,
     call_arguments,
     make_inputs,
+    padded_case,
 )
 
 SOLUTIONS = ["flashinfer_mini", "cuda_mini", "tilelang_mini", "triton_mini"]
-SHAPES = ["1x16384", "8x2048c"]
+SHAPES = ["1x16384", "8x2048-causal"]
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.sw_power_cap"
 
 
@@ -67,13 +67,6 @@ def row(label: str, name: str, flops: float, fn) -> str:
             f"{tflops / mhz * 1000:.0f} | {capped}/{samples} | {temperature} |")  # fmt: skip
 
 
-def parse_shape(text: str) -> tuple[int, int, bool]:
-    """'8x2048c' -> (8, 2048, True)."""
-    causal = text.endswith("c")
-    batch, length = text.rstrip("c").split("x")
-    return int(batch), int(length), causal
-
-
 def one_call(fn, case, inputs):
     """A call of the built solution on inputs (testing.call_arguments)."""
     call_args = call_arguments(fn, case, inputs)
@@ -82,7 +75,10 @@ def one_call(fn, case, inputs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=SHAPES, help="BATCHxLENGTH[c]")
+    parser.add_argument(
+        "--shapes", nargs="+", type=padded_case, default=[padded_case(s) for s in SHAPES],
+        help="BATCHxLENGTH[-causal]",
+    )  # fmt: skip
     parser.add_argument("--solutions", nargs="+", default=SOLUTIONS, help="names or JSON files")
     parser.add_argument("--no-gemm", action="store_true", help="leave out cuBLAS's GEMM")
     args = parser.parse_args()
@@ -90,11 +86,10 @@ def main():
     runnables = {Path(s).stem: build_solution_or_file(s) for s in args.solutions}
     print("| shape | kernel | ms a call | TF/s | SM MHz | W | TF/s per GHz | power-capped samples "
           "| C |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    for batch, length, causal in map(parse_shape, args.shapes):
-        case = PaddedCase(batch, length, length, causal)
+    for case in args.shapes:
         inputs = make_inputs(case, "cuda", seed=0)
-        flops = FLOPS_PER_PAIR * batch * visible_pairs(length, length, causal)
-        label = f"{batch}x{length} {'causal' if causal else 'non-causal'}"
+        flops = FLOPS_PER_PAIR * case.batch * visible_pairs(case.seq_q, case.seq_kv, case.causal)
+        label = f"{case.batch}x{case.seq_kv} {'causal' if case.causal else 'non-causal'}"
         calls = {name: one_call(fn, case, inputs) for name, fn in runnables.items()}
         for call in calls.values():  # the first calls build and plan
             for _ in range(3):

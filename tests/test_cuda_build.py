@@ -158,6 +158,15 @@ def test_resource_table_in_report_is_current(compiled):
     )
 
 
+def hopper_hgmma(block_n: int, unrolled: bool) -> tuple[int, int]:
+    """HGMMA instructions in a Hopper kernel's SASS: (S = Q K^T's, 8 k-steps of m64 x block_n
+    each; O += P V's, block_n / 16 k-steps of m64 x 128 each). S in the prologue and in each copy
+    of the loop body, P V in each copy and after the loop. A loop unrolled twice (kLoopUnroll)
+    has three copies: the body twice, plus one iteration for an odd trip count."""
+    copies = 1 + (3 if unrolled else 1)
+    return copies * 8, copies * block_n // 16
+
+
 def find_cuobjdump():
     """cuobjdump from PATH, beside nvcc, or the copy that Triton bundles."""
     candidates = [shutil.which("cuobjdump")]
@@ -201,17 +210,14 @@ def test_wgmma_kernels_use_hgmma_only_on_sm90a(compiled, objects):
             ]
             assert len(wgmma) == 1 and len(portable) == 1, list(functions)
             sass = functions[wgmma[0]]
-            # S = Q K^T: 8 k-steps (head_dim 128) of m64 x kBlockN, in the prologue and in the
-            # loop; O += P V: kBlockN / 16 k-steps of m64 x 128, in the loop and after it.
-            # kBlockN is 128 for causal kernels, 192 for non-causal ones. The causal loop is
-            # unrolled twice: its body twice, plus one iteration for an odd trip count.
+            # kBlockN is 128 for causal kernels (their loop unrolled), 192 for non-causal ones.
             block_n = 128 if causal else 192
-            loop_copies = 3 if causal else 1
             hgmma = {n: sass.count(f"HGMMA.64x{n}x16.F32") for n in (128, 176, 192)}
             if arch == "90a":
+                s_steps, pv_steps = hopper_hgmma(block_n, unrolled=causal)
                 expected = {128: 0, 176: 0, 192: 0}
-                expected[block_n] += (1 + loop_copies) * 8
-                expected[128] += (1 + loop_copies) * block_n // 16
+                expected[block_n] += s_steps
+                expected[128] += pv_steps
                 assert hgmma == expected, f"{wgmma[0]}: {hgmma} HGMMA on sm_90a"
                 # TMA loads, mbarriers, register reallocation: the warp-specialized pipeline.
                 for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):
@@ -244,7 +250,9 @@ def test_paged_wgmma_kernels_load_pages_as_designed(compiled, objects):
             sass = functions[wgmma[0]]
             hgmma = sass.count("HGMMA.64x128x16.F32")
             if arch == "90a":
-                assert hgmma == 2 * 8 + 2 * 128 // 16, f"{wgmma[0]}: {hgmma} HGMMA"
+                # The paged loaders' loop is not unrolled (cuda/TUNING.md).
+                expected = sum(hopper_hgmma(128, unrolled=False))
+                assert hgmma == expected, f"{wgmma[0]}: {hgmma} HGMMA"
                 assert "UTMALDG.3D" in sass and "USETMAXREG" in sass, wgmma[0]
                 if page_size == 64:
                     assert "UTMALDG.4D" in sass and "LDGSTS" not in sass, wgmma[0]
@@ -358,10 +366,9 @@ def test_kernels_on_the_causal_tiles(compiled, objects, wgmma_kernel, portable_k
             assert len(wgmma) == 1, list(functions)
             sass = functions[wgmma[0]]
             if arch == "90a":
-                # As the causal kernel's: the prologue's S, the loop unrolled twice (its body
-                # twice plus one iteration for an odd trip count), the last P V.
                 hgmma = sass.count("HGMMA.64x128x16.F32")
-                assert hgmma == (1 + 3) * (8 + 128 // 16), f"{wgmma[0]}: {hgmma} HGMMA"
+                expected = sum(hopper_hgmma(128, unrolled=True))  # as the causal kernel's
+                assert hgmma == expected, f"{wgmma[0]}: {hgmma} HGMMA"
                 assert "HGMMA.64x192x16" not in sass, f"{wgmma[0]}: 192-key tiles"
                 assert "BAR.ARV" not in sass, f"{wgmma[0]}: the causal family takes no turns"
                 for instruction in ("UTMALDG.3D", "SYNCS.ARRIVE", "USETMAXREG"):

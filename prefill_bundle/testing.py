@@ -425,6 +425,21 @@ def entry_module(name_or_runnable):
 
 
 @contextmanager
+def tilelang_python_entry(module):
+    """Every call of the TileLang entry `module` (entry_module's) in the block takes its Python
+    entry: the C++ fast path (fast_entry.py), built first if it is to be, is set aside and put
+    back after. It would serve a planned shape from the plan it registered, past anything
+    patched into the Python entry's kernels or plans since."""
+    fast_entry = module.fast_entry
+    built = fast_entry.module()
+    fast_entry._module = None
+    try:
+        yield
+    finally:
+        fast_entry._module = built
+
+
+@contextmanager
 def page_gather(mode: str, solution: str):
     """PREFILL_BUNDLE_PAGE_GATHER=mode ("0": page size 1 gathers rows in the attention loop, "1":
     it gathers the pages first, then runs the ragged kernel: arguments.gathers_pages) while in

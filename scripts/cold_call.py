@@ -40,6 +40,7 @@ from prefill_bundle.testing import (
     make_inputs,
     nan_slots_to_zero,
     poisoned_outputs,
+    tilelang_python_entry,
 )
 from prefill_bundle.workloads import PAGED_BATCHES, RAGGED_BATCHES, SWA_BATCHES
 
@@ -160,15 +161,14 @@ def host_rows(names: list, backends: list) -> None:
                 continue
             # The Python entry (the C++ fast path set aside), whole and in two.
             module = entry_module(fn)
-            fast, module.fast_entry._module = module.fast_entry._module, None
-            cells = [host_in_bench_loop(fn, args, clones) for clones in (True, False)]
-            print(f"{name[:40]:40s} {'tilelang: python entry':26s} {cells[0]:6.1f} | "
-                  f"{cells[1]:6.1f}")  # fmt: skip
-            plans = {"ragged": module._ragged_plans, "swa": module._swa_plans}.get(suffix)
-            if plans is None:
-                plans = module._paged_plans[int(suffix.removeprefix("paged_ps"))]
-            pieces = tilelang_pieces(fn, plans, args)
-            module.fast_entry._module = fast
+            with tilelang_python_entry(module):
+                cells = [host_in_bench_loop(fn, args, clones) for clones in (True, False)]
+                print(f"{name[:40]:40s} {'tilelang: python entry':26s} {cells[0]:6.1f} | "
+                      f"{cells[1]:6.1f}")  # fmt: skip
+                plans = {"ragged": module._ragged_plans, "swa": module._swa_plans}.get(suffix)
+                if plans is None:
+                    plans = module._paged_plans[int(suffix.removeprefix("paged_ps"))]
+                pieces = tilelang_pieces(fn, plans, args)
             for i, label in enumerate(("tilelang: its python alone", "tilelang: main alone")):
                 if pieces:
                     cold, same = pieces[True][i], pieces[False][i]

@@ -37,6 +37,7 @@ from prefill_bundle.testing import (
     make_inputs,
     nan_slots_to_zero,
     poisoned_outputs,
+    tilelang_python_entry,
 )
 from prefill_bundle.workloads import (
     FP8_K_SCALE,
@@ -76,13 +77,12 @@ def tilelang_rows(workload: str, module, plans, call) -> list:
         return []  # page size 1 gathered first: two kernels
     captured = []
     # The Python entry's pieces: the C++ fast path (which takes planned calls) set aside.
-    fast, module.fast_entry._module = module.fast_entry._module, None
-    plans[key] = (lambda *args: captured.append(args), *plan[1:])
-    call()
-    plans[key] = (lambda *args: None, *plan[1:])
-    python = host_us(call, CALLS)
-    plans[key] = plan
-    module.fast_entry._module = fast
+    with tilelang_python_entry(module):
+        plans[key] = (lambda *args: captured.append(args), *plan[1:])
+        call()
+        plans[key] = (lambda *args: None, *plan[1:])
+        python = host_us(call, CALLS)
+        plans[key] = plan
     main, args = plan[0], captured[0]
     pieces = {
         "tilelang: python only": python,

@@ -21,6 +21,7 @@ from prefill_bundle.testing import (
     make_inputs,
     reference_outputs,
     run_solution,
+    tilelang_python_entry,
 )
 
 pytestmark = pytest.mark.gpu
@@ -81,13 +82,10 @@ def cuda_run(case, inputs) -> tuple:
 def tilelang_run(case, inputs) -> tuple:
     """TileLang's outputs and whether the decode program ran: TileLang names every program
     main_kernel, so the entry's compiled decode programs are wrapped while the plan is made
-    (the switch is read when a shape is planned: the plans are cleared around the call). The
-    C++ fast path is set aside meanwhile: it would serve the call from the plan it registered
-    on an earlier call, without the spies or the switch (that it runs the plan the Python
-    entry made: tests/test_tilelang_fast_entry.py)."""
+    (the switch is read when a shape is planned: the plans are cleared around the call), on
+    the Python entry (that the fast path runs the plan it made: test_tilelang_fast_entry.py)."""
     module = entry_module("tilelang_fp8kv")
-    fast, module.fast_entry._module = module.fast_entry.module(), None
-    try:
+    with tilelang_python_entry(module):
         module._fp8_plans.clear()
         run_solution("tilelang_fp8kv", case, inputs)  # compiles and plans (spies go in below)
         originals = dict(module._decode_kernels)  # after the compile: a dtype's first call
@@ -107,8 +105,6 @@ def tilelang_run(case, inputs) -> tuple:
         finally:
             module._decode_kernels.update(originals)
             module._fp8_plans.clear()
-    finally:
-        module.fast_entry._module = fast
     return outputs, bool(calls)
 
 

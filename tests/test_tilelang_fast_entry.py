@@ -27,6 +27,7 @@ from prefill_bundle.testing import (
     poisoned_call,
     poisoned_outputs,
     reference_outputs,
+    tilelang_python_entry,
 )
 from prefill_bundle.workloads import FP8_K_SCALE, FP8_V_SCALE
 
@@ -98,6 +99,18 @@ def test_fast_entry_is_off_with_the_environment_switch(monkeypatch):
     monkeypatch.setattr(entries, "_tried", False)
     monkeypatch.setattr(entries, "_module", None)
     assert entries.module() is None
+
+
+def test_python_entry_block_sets_the_fast_path_aside_and_back():
+    entry = entry_module("tilelang_ragged")
+    built = fast_module()
+    with pytest.raises(RuntimeError), tilelang_python_entry(entry):
+        assert entry.fast_entry.module() is None  # every call takes the Python entry
+        with tilelang_python_entry(entry):  # nested: still aside, and after it
+            assert entry.fast_entry.module() is None
+        assert entry.fast_entry.module() is None
+        raise RuntimeError  # a failing block puts it back too
+    assert entry.fast_entry.module() is built
 
 
 def copy_of(solution: str):

@@ -253,6 +253,15 @@ def test_an_error_of_the_fallback_itself_is_raised_once(runtime):
     assert len(calls) == 1
 
 
+def test_a_refused_call_without_a_fallback_raises_the_solutions_error(runtime):
+    """apply called with no fallback: a routed call's refusal is the caller's error, as is."""
+    q = torch.zeros(1, 128, 32, 128, dtype=torch.bfloat16)  # the solutions take float16 only
+    k = torch.zeros(1, 128, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^q: expected float16"):
+        apply(MINI, args=(q, k, k, True, torch.empty_like(q)))
+    assert runtime.refusals == {}  # nothing fell back, so nothing was warned of
+
+
 def test_unknown_solution_names_raise_at_enable_time(trace_root, monkeypatch):
     root, cache = trace_root
     monkeypatch.setenv("FIB_CACHE_PATH", str(cache))

@@ -163,6 +163,12 @@ def output_allocation(definition) -> tuple | None:
     return tuple((len(o.shape), dtype_str_to_torch_dtype(o.dtype)) for o in outputs)
 
 
+def allocate_outputs(allocation: tuple, q: torch.Tensor) -> list:
+    """Empty outputs of a value-returning call, shaped off q by output_allocation's (ndim, dtype)
+    (flashinfer-bench's generic allocation reads every axis first)."""
+    return [torch.empty(q.shape[:ndim], dtype=dtype, device=q.device) for ndim, dtype in allocation]
+
+
 UNSERVABLE_KEY = ApplyKey(axes=(), feats=(("unservable", True),))
 ApplyKeyFactory.register(OP_TYPE, BucketedPrefillKeyBuilder)
 ApplyKeyFactory.register(PAGED_OP_TYPE, BucketedPrefillKeyBuilder)
@@ -252,11 +258,8 @@ class BundleApplyRuntime(ApplyRuntime):
                 return None
             if outputs is None or not runnable.metadata.destination_passing_style:
                 return runnable.call_value_returning(*merged)
-            # Value-returning call of a destination-passing solution: the outputs shaped off q
-            # here (flashinfer-bench's generic allocation reads every axis first).
-            q = merged[0]
-            tensors = [torch.empty(q.shape[:ndim], dtype=dtype, device=q.device)
-                       for ndim, dtype in outputs]  # fmt: skip
+            # Value-returning call of a destination-passing solution: the outputs made here.
+            tensors = allocate_outputs(outputs, merged[0])
             runnable.call_destination_passing(*merged, *tensors)
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         except (ValueError, TypeError) as error:

@@ -22,7 +22,12 @@ import torch
 from flashinfer_bench.apply import apply, disable_apply
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED
-from prefill_bundle.serving import dispatch_table, enable_bundle_apply, output_allocation
+from prefill_bundle.serving import (
+    allocate_outputs,
+    dispatch_table,
+    enable_bundle_apply,
+    output_allocation,
+)
 from prefill_bundle.testing import build_solution, load_definition, normwise_error
 from prefill_bundle.workloads import lengths_to_indptr
 
@@ -133,8 +138,7 @@ def dispatch_overhead(runtime, rounds=40, burst=100):
     allocation = output_allocation(load_definition(RAGGED))
 
     def direct(*arguments):
-        outputs = [torch.empty(q.shape[:ndim], dtype=dtype, device=q.device)
-                   for ndim, dtype in allocation]  # fmt: skip
+        outputs = allocate_outputs(allocation, arguments[0])
         runnable.call_destination_passing(*arguments, *outputs)
         return outputs
 

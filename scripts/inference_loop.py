@@ -22,6 +22,7 @@ import torch
 from flashinfer_bench.apply import apply, disable_apply
 
 from prefill_bundle import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, RAGGED
+from prefill_bundle.gpu_timing import host_us
 from prefill_bundle.serving import (
     allocate_outputs,
     dispatch_table,
@@ -122,10 +123,11 @@ def record_dispatches(runtime):
 def dispatch_overhead(runtime, rounds=40, burst=100):
     """Host microseconds per 1-token call through apply, and calling the solution apply routes
     it to directly, its outputs allocated as apply's route allocates them. Measured in bursts of
-    `burst` calls after a synchronize, short enough that the launch queue never fills, so the
-    host's time is what is on the clock whatever the kernel's; the two interleaved burst by
-    burst, medians over `rounds`. (Timing thousands of calls back to back measures the GPU
-    instead once the queue is full, and both arms then read the kernel's time.)"""
+    `burst` calls after a synchronize (gpu_timing.host_us), short enough that the launch queue
+    never fills, so the host's time is what is on the clock whatever the kernel's; the two
+    interleaved burst by burst, medians over `rounds`. (Timing thousands of calls back to back
+    measures the GPU instead once the queue is full, and both arms then read the kernel's
+    time.)"""
     q = torch.randn(1, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     indptr = lengths_to_indptr([1]).cuda()
@@ -145,12 +147,7 @@ def dispatch_overhead(runtime, rounds=40, burst=100):
     timings = {"apply": [], "direct": []}
     for _ in range(rounds):
         for label, fn in (("apply", ragged_attention), ("direct", direct)):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(burst):
-                fn(*args)
-            timings[label].append((time.perf_counter() - start) / burst * 1e6)
-    torch.cuda.synchronize()
+            timings[label].append(host_us(lambda fn=fn: fn(*args), calls=burst))
     return name, statistics.median(timings["apply"]), statistics.median(timings["direct"])
 
 
@@ -277,7 +274,10 @@ class TimedWrapper:
         return out
 
 
-def prefix_cache_chat(model, page_size, rounds=4):
+CHAT_ROUNDS = 4  # ABBA: FlashInfer alone and the bundle alternate
+
+
+def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
     """The chat through FlashInfer alone and with the bundle behind the same wrapper calls, in
     alternating rounds (ABBA), each after a warm-up (JIT, plans, builds): its end-to-end time,
     unsynchronized; then the same chat again with every run() synchronized and timed, the
@@ -371,8 +371,8 @@ def main():
               f"{fi_run * 1e3:.2f} vs {b_run * 1e3:.2f} ms ({fi_run / b_run:.2f}); served by "
               f"{served}; final hidden states differ by {error:.1e} (normwise)")  # fmt: skip
     print(
-        "  (medians of 4 rounds in ABBA order; ratios FlashInfer / bundle; FlashInfer's plan(),"
-        " run in both arms, is most of the end-to-end time)"
+        f"  (medians of {CHAT_ROUNDS} rounds in ABBA order; ratios FlashInfer / bundle;"
+        " FlashInfer's plan(), run in both arms, is most of the end-to-end time)"
     )
 
 

@@ -93,15 +93,21 @@ def through_apply(indptr):
     return lambda q, k, v: ragged_attention(q, k, v, indptr, indptr, SM_SCALE)[0]
 
 
-_workspace = None
+_wrappers = {}
+
+
+def flashinfer_wrapper(cls):
+    """The one wrapper of FlashInfer class `cls` this process keeps, as a server does (built
+    once with its workspace; planned per batch)."""
+    if cls not in _wrappers:
+        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        _wrappers[cls] = cls(workspace, "NHD", backend="fa3")
+    return _wrappers[cls]
 
 
 def flashinfer_only(indptr):
     """What a FlashInfer user runs: plan once per batch, run once per layer."""
-    global _workspace
-    if _workspace is None:
-        _workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace, "NHD", backend="fa3")
+    wrapper = flashinfer_wrapper(flashinfer.BatchPrefillWithRaggedKVCacheWrapper)
     wrapper.plan(indptr, indptr, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, causal=True,
                  sm_scale=SM_SCALE, q_data_type=torch.bfloat16)  # fmt: skip
     return lambda q, k, v: wrapper.run(q, k, v)
@@ -163,7 +169,8 @@ def drop_in(stream):
     runtime = enable_bundle_apply()
     served, restore = record_dispatches(runtime)
     try:
-        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace, "NHD", backend="fa3")
+        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa3")
         wrapper.plan(indptr, indptr, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, causal=True,
                      sm_scale=SM_SCALE, q_data_type=torch.bfloat16)  # fmt: skip
         out = wrapper.run(q, k, v)
@@ -249,29 +256,34 @@ class PagedChat:
 
 def paged_wrapper(qo_indptr, kv_indptr, kv_indices, last, page_size):
     """What a FlashInfer user runs: plan once per step, run once per layer."""
-    global _workspace
-    if _workspace is None:
-        _workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace, "NHD", backend="fa3")
+    wrapper = flashinfer_wrapper(flashinfer.BatchPrefillWithPagedKVCacheWrapper)
     wrapper.plan(qo_indptr, kv_indptr, kv_indices, last, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
                  page_size, causal=True, sm_scale=SM_SCALE, q_data_type=torch.bfloat16)  # fmt: skip
     return wrapper
 
 
-class TimedWrapper:
-    """A step's wrapper whose run() is synchronized before and after and timed into `times`
-    (the attention alone; the chat's other work is not on that clock)."""
+class TimedSteps:
+    """The chat's wrapper_for_step with plan() and every run() synchronized before and after and
+    timed into times["plan"] and times["run"] (the attention's host and GPU time; the chat's
+    other work is not on these clocks)."""
 
-    def __init__(self, wrapper, times: list) -> None:
-        self.wrapper, self.times = wrapper, times
+    def __init__(self, times: dict) -> None:
+        self.times, self.wrapper = times, None
 
-    def run(self, q, cache):
+    def _timed(self, label, fn, *args):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = self.wrapper.run(q, cache)
+        result = fn(*args)
         torch.cuda.synchronize()
-        self.times.append(time.perf_counter() - start)
-        return out
+        self.times.setdefault(label, []).append(time.perf_counter() - start)
+        return result
+
+    def __call__(self, *plan_arguments):
+        self.wrapper = self._timed("plan", paged_wrapper, *plan_arguments)
+        return self
+
+    def run(self, q, cache):
+        return self._timed("run", self.wrapper.run, q, cache)
 
 
 CHAT_ROUNDS = 4  # ABBA: FlashInfer alone and the bundle alternate
@@ -280,12 +292,12 @@ CHAT_ROUNDS = 4  # ABBA: FlashInfer alone and the bundle alternate
 def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
     """The chat through FlashInfer alone and with the bundle behind the same wrapper calls, in
     alternating rounds (ABBA), each after a warm-up (JIT, plans, builds): its end-to-end time,
-    unsynchronized; then the same chat again with every run() synchronized and timed, the
-    attention alone. FlashInfer's plan() runs in both arms (the bundle's adapter plans with it:
-    its fallback needs the plan) and is most of a step's host time, so the end-to-end times
-    are close and move by several ms from round to round. Returns medians over the rounds, who
-    served, and the difference of the final outputs."""
-    e2e, attention, outputs = {}, {}, {}
+    unsynchronized; then the same chat again with plan() and every run() synchronized and timed
+    apart. Both arms use the process's one paged wrapper (constructed once, planned per step);
+    FlashInfer's plan() runs in both arms (the bundle's adapter plans with it: its fallback
+    needs the plan). Returns medians over the rounds (end to end, plan, run), the end-to-end
+    time of every round, who served, and the difference of the final outputs."""
+    e2e, timed, outputs = {}, {}, {}
     served = Counter()
     for round_ in range(rounds):
         order = ("flashinfer", "bundle") if round_ % 2 == 0 else ("bundle", "flashinfer")
@@ -298,17 +310,22 @@ def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
             outputs[label] = PagedChat(model, page_size).run(paged_wrapper)
             torch.cuda.synchronize()
             e2e.setdefault(label, []).append(time.perf_counter() - start)
-            times = []
-            PagedChat(model, page_size).run(lambda *a: TimedWrapper(paged_wrapper(*a), times))
-            attention.setdefault(label, []).append(sum(times))
+            times = {}
+            PagedChat(model, page_size).run(TimedSteps(times))
+            for part, seconds in times.items():
+                timed.setdefault((label, part), []).append(sum(seconds))
             restore()
             served.update(counted)
             if runtime is not None:
                 disable_apply()
     error = normwise_error(outputs["bundle"], outputs["flashinfer"])
-    medians = {label: (statistics.median(e2e[label]), statistics.median(attention[label]))
-               for label in e2e}  # fmt: skip
-    return medians, dict(served), error
+    medians = {
+        label: tuple(
+            statistics.median(v) for v in (e2e[label], timed[label, "plan"], timed[label, "run"])
+        )  # fmt: skip
+        for label in e2e
+    }
+    return medians, e2e, dict(served), error
 
 
 def main():
@@ -364,16 +381,17 @@ def main():
         "\nprefix-cache chat (2048-token system prompt shared by 6 conversations, 3 turns) "
         "through BatchPrefillWithPagedKVCacheWrapper:"
     )
-    for page_size, (medians, served, error) in chats.items():
-        (fi_e2e, fi_run), (b_e2e, b_run) = medians["flashinfer"], medians["bundle"]
+    for page_size, (medians, rounds, served, error) in chats.items():
+        (fi_e2e, fi_plan, fi_run), (b_e2e, b_plan, b_run) = medians["flashinfer"], medians["bundle"]
         print(f"  page size {page_size:2d}: end to end FlashInfer alone {fi_e2e * 1e3:.1f} ms, "
               f"bundle behind it {b_e2e * 1e3:.1f} ms ({fi_e2e / b_e2e:.2f}); run() calls alone "
-              f"{fi_run * 1e3:.2f} vs {b_run * 1e3:.2f} ms ({fi_run / b_run:.2f}); served by "
-              f"{served}; final hidden states differ by {error:.1e} (normwise)")  # fmt: skip
-    print(
-        f"  (medians of {CHAT_ROUNDS} rounds in ABBA order; ratios FlashInfer / bundle;"
-        " FlashInfer's plan(), run in both arms, is most of the end-to-end time)"
-    )
+              f"{fi_run * 1e3:.2f} vs {b_run * 1e3:.2f} ms ({fi_run / b_run:.2f}); plan() calls "
+              f"{fi_plan * 1e3:.2f} vs {b_plan * 1e3:.2f} ms; served by {served}; final hidden "
+              f"states differ by {error:.1e} (normwise)")  # fmt: skip
+        for label, seconds in rounds.items():
+            print(f"    {label} end to end per round: "
+                  + ", ".join(f"{x * 1e3:.1f}" for x in seconds) + " ms")  # fmt: skip
+    print(f"  (medians of {CHAT_ROUNDS} rounds in ABBA order; ratios FlashInfer / bundle)")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,34 @@ def run_stream(model, stream, make_attention):
     return time.perf_counter() - start
 
 
+STREAM_ROUNDS = 5  # the stream's arms run in rotated order this many times; medians
+
+
+def stream_times(model, stream, arms, rounds=STREAM_ROUNDS):
+    """Median end-to-end seconds of the stream per arm. arms: label -> (make_attention, the
+    solutions apply may route to: None for apply off, "every" for the whole bundle). Each arm
+    is warmed up once (JIT, plans, builds), then every round runs each arm once, the order
+    rotated a place a round, so no arm always runs first or after the same one."""
+
+    def run(make_attention, solutions):
+        if solutions is not None:
+            enable_bundle_apply(None if solutions == "every" else solutions)
+        try:
+            return run_stream(model, stream, make_attention)
+        finally:
+            if solutions is not None:
+                disable_apply()
+
+    labels = list(arms)
+    for label in labels:
+        run(*arms[label])
+    times = {label: [] for label in labels}
+    for round_ in range(rounds):
+        for label in labels[round_ % len(labels) :] + labels[: round_ % len(labels)]:
+            times[label].append(run(*arms[label]))
+    return {label: statistics.median(seconds) for label, seconds in times.items()}
+
+
 def through_apply(indptr):
     return lambda q, k, v: ragged_attention(q, k, v, indptr, indptr, SM_SCALE)[0]
 
@@ -337,27 +365,22 @@ def main():
     stream = prompt_stream(args.batches)
     print(f"stream: {len(stream)} batches, {sum(map(sum, stream))} tokens, {args.layers} layers")
 
-    results = {}
-    run_stream(model, stream, flashinfer_only)  # JIT and warm-up
-    results["flashinfer only"] = run_stream(model, stream, flashinfer_only)
-    run_stream(model, stream, through_apply)
-    results["fallback only (torch SDPA)"] = run_stream(model, stream, through_apply)
-
     runtime = enable_bundle_apply()
     table = dispatch_table(runtime).get(RAGGED, {})
     served, restore = record_dispatches(runtime)
     run_stream(model, stream, through_apply)  # first use compiles each solution's variants
     restore()
-    results["bundle (apply)"] = run_stream(model, stream, through_apply)
     name, via_apply, direct = dispatch_overhead(runtime)
     disable_apply()
 
-    backends = sorted({s.split("_")[0] for s in table.values()})
-    for backend in backends:
-        enable_bundle_apply([f"{backend}_mini", f"{backend}_ragged"])
-        run_stream(model, stream, through_apply)
-        results[f"{backend} only (apply)"] = run_stream(model, stream, through_apply)
-        disable_apply()
+    arms = {
+        "flashinfer only": (flashinfer_only, None),
+        "fallback only (torch SDPA)": (through_apply, None),
+        "bundle (apply)": (through_apply, "every"),
+    }
+    for backend in sorted({s.split("_")[0] for s in table.values()}):
+        arms[f"{backend} only (apply)"] = (through_apply, [f"{backend}_mini", f"{backend}_ragged"])
+    results = stream_times(model, stream, arms)
 
     lengths, drop_in_served, drop_in_error = drop_in(stream)
     chats = {page_size: prefix_cache_chat(model, page_size) for page_size in (64, 1)}
@@ -366,7 +389,8 @@ def main():
     for key, solution in sorted(table.items(), key=lambda kv: str(kv[0].axes)):
         print(f"  {dict(key.axes)} causal={dict(key.feats)['causal']}: {solution}")
     print(f"calls served during the bundle stream: {dict(served)}")
-    print("\nend-to-end time of the stream (attention + projections):")
+    print(f"\nend-to-end time of the stream (attention + projections; medians of {STREAM_ROUNDS}"
+          " rounds, the arms' order rotated):")  # fmt: skip
     base = results["flashinfer only"]
     for label, seconds in results.items():
         print(

@@ -292,3 +292,37 @@ def test_call_arguments_poison_only_what_the_solution_writes_into():
         outputs = args[len(inputs) :]
         assert len(outputs) == (1 if isinstance(case, PaddedCase) else 2)  # output (and lse)
         assert outputs[0].shape == inputs[0].shape and outputs[0].isnan().all()
+
+
+def test_inference_loop_rotates_the_stream_arms_and_takes_medians(monkeypatch):
+    """stream_times: each arm warmed up once, then each round every arm once, the order rotated
+    a place a round; apply enabled (the whole bundle or the arm's solutions) only around its
+    own arms' runs; medians of the rounds."""
+    loop = load_script("inference_loop")
+    log, seconds = [], {"fi": iter([9, 3, 1, 2]), "bundle": iter([9, 5, 4, 6]),
+                        "cuda": iter([9, 7, 8, 9])}  # fmt: skip
+    attention = {"fi": object(), "bundle": object(), "cuda": object()}
+    label_of = {id(fn): label for label, fn in attention.items()}
+
+    def run_stream(model, stream, make_attention):
+        log.append(("run", label_of[id(make_attention)]))
+        return next(seconds[label_of[id(make_attention)]])
+
+    monkeypatch.setattr(loop, "run_stream", run_stream)
+    monkeypatch.setattr(loop, "enable_bundle_apply", lambda names=None: log.append(("on", names)))
+    monkeypatch.setattr(loop, "disable_apply", lambda: log.append(("off",)))
+    arms = {"fi": (attention["fi"], None), "bundle": (attention["bundle"], "every"),
+            "cuda": (attention["cuda"], ["cuda_mini", "cuda_ragged"])}  # fmt: skip
+    medians = loop.stream_times(None, [], arms, rounds=3)
+    assert medians == {"fi": 2, "bundle": 5, "cuda": 8}
+    runs = [entry[1] for entry in log if entry[0] == "run"]
+    assert runs == ["fi", "bundle", "cuda"] + ["fi", "bundle", "cuda"] + \
+        ["bundle", "cuda", "fi"] + ["cuda", "fi", "bundle"]  # fmt: skip
+    # Around every run of an apply arm: on (its solutions) before, off after; never for "fi".
+    for i, entry in enumerate(log):
+        if entry == ("run", "bundle"):
+            assert log[i - 1] == ("on", None) and log[i + 1] == ("off",)
+        elif entry == ("run", "cuda"):
+            assert log[i - 1] == ("on", ["cuda_mini", "cuda_ragged"]) and log[i + 1] == ("off",)
+        elif entry == ("run", "fi"):
+            assert (i == 0 or log[i - 1][0] != "on") and log[i + 1 : i + 2] != [("off",)]

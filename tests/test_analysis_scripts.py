@@ -297,7 +297,7 @@ def test_call_arguments_poison_only_what_the_solution_writes_into():
 def test_inference_loop_rotates_the_stream_arms_and_takes_medians(monkeypatch):
     """stream_times: each arm warmed up once, then each round every arm once, the order rotated
     a place a round; apply enabled (the whole bundle or the arm's solutions) only around its
-    own arms' runs; medians of the rounds."""
+    own arms' runs, FlashInfer's unpatched methods for the others; medians of the rounds."""
     loop = load_script("inference_loop")
     log, seconds = [], {"fi": iter([9, 3, 1, 2]), "bundle": iter([9, 5, 4, 6]),
                         "cuda": iter([9, 7, 8, 9])}  # fmt: skip
@@ -311,6 +311,7 @@ def test_inference_loop_rotates_the_stream_arms_and_takes_medians(monkeypatch):
     monkeypatch.setattr(loop, "run_stream", run_stream)
     monkeypatch.setattr(loop, "enable_bundle_apply", lambda names=None: log.append(("on", names)))
     monkeypatch.setattr(loop, "disable_apply", lambda: log.append(("off",)))
+    monkeypatch.setattr(loop, "without_adapters", lambda: log.append(("plain",)))
     arms = {"fi": (attention["fi"], None), "bundle": (attention["bundle"], "every"),
             "cuda": (attention["cuda"], ["cuda_mini", "cuda_ragged"])}  # fmt: skip
     medians = loop.stream_times(None, [], arms, rounds=3)
@@ -318,11 +319,12 @@ def test_inference_loop_rotates_the_stream_arms_and_takes_medians(monkeypatch):
     runs = [entry[1] for entry in log if entry[0] == "run"]
     assert runs == ["fi", "bundle", "cuda"] + ["fi", "bundle", "cuda"] + \
         ["bundle", "cuda", "fi"] + ["cuda", "fi", "bundle"]  # fmt: skip
-    # Around every run of an apply arm: on (its solutions) before, off after; never for "fi".
+    # Around every run of an apply arm: on (its solutions) before, off after; FlashInfer's own
+    # methods restored before every run of the arm without apply.
     for i, entry in enumerate(log):
         if entry == ("run", "bundle"):
             assert log[i - 1] == ("on", None) and log[i + 1] == ("off",)
         elif entry == ("run", "cuda"):
             assert log[i - 1] == ("on", ["cuda_mini", "cuda_ragged"]) and log[i + 1] == ("off",)
         elif entry == ("run", "fi"):
-            assert (i == 0 or log[i - 1][0] != "on") and log[i + 1 : i + 2] != [("off",)]
+            assert log[i - 1] == ("plain",) and log[i + 1 : i + 2] != [("off",)]

@@ -456,7 +456,8 @@ __device__ __forceinline__ void hopper_attention(const HopperParams& hp,
     // (issued just before it) runs on the CUDA cores. The last tile's P V runs after the loop.
     // Unrolled twice over contiguous K/V in 128-key tiles (causal, window, full128: 0.7-2.3%
     // fewer cycles on the H200, as the Gluon kernel's loop: TUNING.md); the 192-key full family
-    // spills unrolled, and the paged loaders gain nothing from it (FP8 loses 0.5%).
+    // spills unrolled, page size 64's loader gains nothing from it (FP8 loses 0.5%), page size
+    // 1's in-loop gather is not measured unrolled yet.
     constexpr int kLoopUnroll =
         kBlockN <= 128 && std::is_same_v<Kv, ContiguousKv<kRagged>> ? 2 : 1;
 #pragma unroll kLoopUnroll

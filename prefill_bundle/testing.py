@@ -361,6 +361,21 @@ def paged_inputs(case: PagedCase, device, randn) -> list:
     return inputs + list(case.fp8_scales) + [case.sm_scale]
 
 
+def gathered_ragged_inputs(case: PagedCase, inputs: list) -> list:
+    """The ragged definition's inputs holding the same keys and values as the paged `inputs`:
+    each sequence's pages gathered in order, its last page cut at its length (q, k, v,
+    qo_indptr, kv_indptr in tokens, sm_scale)."""
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
+    bounds, ids = kv_indptr.tolist(), kv_indices.tolist()
+    k, v = [], []
+    for s, kv_len in enumerate(case.kv_lens):
+        pages = torch.tensor(ids[bounds[s] : bounds[s + 1]], dtype=torch.long, device=q.device)
+        k.append(k_cache[pages].flatten(0, 1)[:kv_len])
+        v.append(v_cache[pages].flatten(0, 1)[:kv_len])
+    kv_tokens = lengths_to_indptr(case.kv_lens).to(q.device)
+    return [q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, inputs[-1]]
+
+
 @lru_cache(maxsize=None)
 def load_definition(name: str) -> Definition:
     path = REPO_ROOT / definition_path(name)

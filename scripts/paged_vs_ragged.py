@@ -12,30 +12,16 @@ size 1.
 
 import argparse
 
-import torch
-
 from prefill_bundle.gpu_timing import alternating_ms, clocks, kernel_ms, median, round_ratios
 from prefill_bundle.testing import (
     PagedCase,
     build_solution,
     call_arguments,
+    gathered_ragged_inputs,
     make_inputs,
     nan_slots_to_zero,
 )
-from prefill_bundle.workloads import PAGED_BATCHES, lengths_to_indptr
-
-
-def gathered(case: PagedCase, inputs: list) -> list:
-    """The ragged definition's inputs holding the same keys and values as the paged ones."""
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
-    bounds, ids = kv_indptr.tolist(), kv_indices.tolist()
-    k, v = [], []
-    for s, kv_len in enumerate(case.kv_lens):
-        pages = torch.tensor(ids[bounds[s] : bounds[s + 1]], dtype=torch.long, device=q.device)
-        k.append(k_cache[pages].flatten(0, 1)[:kv_len])
-        v.append(v_cache[pages].flatten(0, 1)[:kv_len])
-    kv_tokens = lengths_to_indptr(case.kv_lens).to(q.device)
-    return [q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, inputs[-1]]
+from prefill_bundle.workloads import PAGED_BATCHES
 
 
 def short_kernel_ms(fn, args) -> float:
@@ -56,7 +42,7 @@ def main():
             case = PagedCase(batch.q_lens, batch.kv_lens, page_size,
                              shared_prefix=batch.shared_prefix)  # fmt: skip
             paged = nan_slots_to_zero(make_inputs(case, "cuda", seed=0))
-            ragged = gathered(case, paged)
+            ragged = gathered_ragged_inputs(case, paged)
             for backend in options.backends:
                 pair = {}
                 for kind, name, args in (

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-from paged_vs_ragged import gathered
 
 from prefill_bundle.testing import (
     PaddedCase,
@@ -31,6 +30,7 @@ from prefill_bundle.testing import (
     RaggedCase,
     build_solution_or_file,
     call_arguments,
+    gathered_ragged_inputs,
     make_inputs,
     nan_slots_to_zero,
 )
@@ -56,7 +56,7 @@ def main():
     case = PagedCase(batch.q_lens, batch.kv_lens, page_size, shared_prefix=batch.shared_prefix,
                      fp8_scales=(FP8_K_SCALE, FP8_V_SCALE) if fp8 else ())  # fmt: skip
     paged = nan_slots_to_zero(make_inputs(case, "cuda", seed=0))
-    args = gathered(case, paged) if stem.endswith("_ragged") else paged
+    args = gathered_ragged_inputs(case, paged) if stem.endswith("_ragged") else paged
     profile(build_solution_or_file(name), case, args)
 
 

@@ -21,6 +21,7 @@ from prefill_bundle.testing import (
     build_solution,
     check_outputs,
     entry_module,
+    gathered_ragged_inputs,
     make_inputs,
     poisoned_outputs,
     reference,
@@ -74,22 +75,6 @@ def run_paged(module, case, inputs, config=None, caches=None):
     return outputs
 
 
-def gathered_ragged(case, inputs):
-    """The ragged definition's inputs with the same keys and values: each sequence's pages
-    gathered in order, its last page cut at its length."""
-    (q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, _), sm_scale = split_inputs(
-        case, inputs
-    )
-    bounds, ids = kv_indptr.tolist(), kv_indices.tolist()
-    k, v = [], []
-    for s, kv_len in enumerate(case.kv_lens):
-        pages = torch.tensor(ids[bounds[s] : bounds[s + 1]], dtype=torch.long, device=q.device)
-        k.append(k_cache[pages].flatten(0, 1)[:kv_len])
-        v.append(v_cache[pages].flatten(0, 1)[:kv_len])
-    kv_tokens = lengths_to_indptr(case.kv_lens).to(q.device)
-    return q, torch.cat(k), torch.cat(v), qo_indptr, kv_tokens, sm_scale
-
-
 # Each config on two cases (one of each page size), each case under two or three configs: the
 # interpreter takes ~10 s a case on CI's 2 cores.
 CONFIG_CASES = [
@@ -106,7 +91,7 @@ def test_paged_is_the_ragged_kernel_on_gathered_kv(config, case):
     module = triton_module()
     inputs = make_inputs(case, DEVICE, seed=11)
     paged = run_paged(module, case, inputs, CONFIGS[config])
-    q, k, v, qo_indptr, kv_tokens, sm_scale = gathered_ragged(case, inputs)
+    q, k, v, qo_indptr, kv_tokens, sm_scale = gathered_ragged_inputs(case, inputs)
     ragged = poisoned_outputs(case, inputs)
     plan = module._plan_ragged(q, k, v, qo_indptr, kv_tokens, *ragged, config=CONFIGS[config])
     module.launch_ragged(plan, q, k, v, qo_indptr, kv_tokens, sm_scale, *ragged)

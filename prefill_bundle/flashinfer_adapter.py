@@ -25,9 +25,18 @@ CUDA graphs stay FlashInfer's too: a wrapper made with use_cuda_graph=True, or a
 the stream is being captured. FlashInfer's graph mode copies each plan()'s indptr and page
 table into the wrapper's fixed buffers, which its captured kernel reads at every replay; a
 bundle call captured here would keep reading the tensors of the plan() before the capture.
+
+PREFILL_BUNDLE_DEFER_PLAN=1 (read at every plan(); off by default, not yet measured on a GPU):
+a plan() that a definition computes is recorded but FlashInfer's own plan() (host copies of the
+indptr, its scheduler's plan: 1.6-2.3 ms of scripts/inference_loop.py's 10-15 ms chat on the
+H200) runs only when a run() of that plan falls back to FlashInfer's kernel, once. A served
+plan then costs no FlashInfer plan at all. Not for wrappers whose run() may be captured while
+its plan() was not: FlashInfer's plan() cannot run inside a capture, so such a fallback raises.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from flashinfer_bench.apply import apply
@@ -113,6 +122,31 @@ def heads_match(q, plan: dict) -> bool:
     return q.dim() == 3 and q.shape[1] == plan["num_qo_heads"] and q.shape[2] == plan["head_dim_qk"]
 
 
+def defers_plan(inst, plan: dict) -> bool:
+    """PREFILL_BUNDLE_DEFER_PLAN=1 and a plan a definition computes, outside CUDA graphs."""
+    return (
+        os.environ.get("PREFILL_BUNDLE_DEFER_PLAN") == "1"
+        and plan["unserved"] is None
+        and not getattr(inst, "_use_cuda_graph", False)
+        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def planned_by_flashinfer(plan: dict, args: tuple, kwargs: dict) -> None:
+    """Before FlashInfer's run(): its plan() if the adapter deferred it (once a plan)."""
+    flashinfer_plan = plan.pop("flashinfer_plan", None) if plan else None
+    if flashinfer_plan is None:
+        return
+    q = args[0] if args else kwargs.get("q")
+    if torch.is_tensor(q) and capturing(q):
+        raise RuntimeError(
+            "PREFILL_BUNDLE_DEFER_PLAN=1: this run() falls back to FlashInfer's kernel inside a "
+            "CUDA graph capture, but its plan() was deferred and cannot run there; plan inside "
+            "the capture, or unset PREFILL_BUNDLE_DEFER_PLAN"
+        )
+    flashinfer_plan()
+
+
 class BundleAdapter:
     """plan() recorded per wrapper instance (every argument, defaults applied, sm_scale resolved,
     and whether a definition computes it: `unserved`); run() served by `serve` (a subclass's:
@@ -144,6 +178,9 @@ class BundleAdapter:
                 plan["kv_layout"] = infer_kv_layout_from_args(inst)
                 plan["unserved"] = unserved_plan(plan)
                 plan["sm_scale"] = pick_sm_scale_gqa(plan["head_dim_qk"], plan["sm_scale"])
+                if defers_plan(inst, plan):
+                    plan["flashinfer_plan"] = lambda: orig(inst, *args, **kwargs)
+                    return None
                 return orig(inst, *args, **kwargs)  # the fallback needs FlashInfer's plan too
 
             return plan_wrapper
@@ -151,6 +188,11 @@ class BundleAdapter:
         def run_wrapper(inst, *args, **kwargs):
             plan = self._plans.get(inst)
             bound = self.run_arguments(args, kwargs)
+
+            def flashinfer_run(**_):
+                planned_by_flashinfer(plan, args, kwargs)
+                return orig(inst, *args, **kwargs)
+
             served = None
             if (
                 plan
@@ -161,9 +203,9 @@ class BundleAdapter:
                 and not getattr(inst, "_use_cuda_graph", False)
                 and not capturing(bound["q"])
             ):
-                served = self.serve(plan, bound, lambda **_: orig(inst, *args, **kwargs))
+                served = self.serve(plan, bound, flashinfer_run)
             if served is None:
-                return orig(inst, *args, **kwargs)
+                return flashinfer_run()
             output, lse = served if isinstance(served, tuple) else (served, None)
             return write_back_outputs(
                 output=output, lse=lse, want_lse=bool(bound.get("return_lse", False)),

@@ -201,6 +201,61 @@ def test_run_arguments_by_keyword_or_extra_positional(monkeypatch):
     assert len(applied) == 1 and recorder.calls == ["plan", "run"]
 
 
+def test_deferred_plan_runs_flashinfers_plan_only_for_a_fallback(monkeypatch):
+    """PREFILL_BUNDLE_DEFER_PLAN=1: a served plan never runs FlashInfer's plan(); a run() of it
+    that falls back runs that plan() first, once; a plan no definition computes, or a CUDA-graph
+    wrapper's, is FlashInfer's at once."""
+    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    result, recorder, applied, inputs = plan_and_run(monkeypatch, 64)
+    assert recorder.calls == [] and [name for name, _ in applied] == [PAGED_PS64]
+    assert torch.all(result[0] == 7.0)
+
+    plan, run, recorder, applied = patched(monkeypatch)
+    wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper)
+    plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)
+    q, cache = inputs[0], tuple(inputs[1:3])
+    run(wrapper, q, cache)
+    assert recorder.calls == []
+    sinks = torch.zeros(32)  # no definition computes sinks: FlashInfer's kernel, planned first
+    assert run(wrapper, q, cache, sinks=sinks) == "orig"
+    assert run(wrapper, q, cache, sinks=sinks) == "orig"
+    assert recorder.calls == ["plan", "run", "run"] and len(applied) == 1
+    plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)  # a new plan: deferred again
+    run(wrapper, q, cache)
+    assert recorder.calls == ["plan", "run", "run"] and len(applied) == 2
+
+    for kwargs in ({"causal": False}, {"causal": True, "cuda_graph": True}):
+        _, recorder, applied, _ = plan_and_run(monkeypatch, 64, **kwargs)
+        assert recorder.calls == ["plan", "run"] and applied == []
+
+
+def test_deferred_plan_runs_for_apply_s_own_fallback(monkeypatch):
+    """apply's fallback (no solution for the key) is FlashInfer's run(): its deferred plan()
+    first."""
+    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    plan, run, recorder, _ = patched(monkeypatch)
+    monkeypatch.setattr(adapter_module, "apply", lambda name, kwargs, fallback: fallback(**kwargs))
+    inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
+    wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper)
+    plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)
+    assert recorder.calls == []
+    assert run(wrapper, inputs[0], tuple(inputs[1:3])) == "orig"
+    assert recorder.calls == ["plan", "run"]
+
+
+def test_deferred_plan_refuses_a_fallback_inside_a_capture(monkeypatch):
+    """A deferred plan() cannot run inside a CUDA graph capture: the fallback says so."""
+    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    plan, run, recorder, _ = patched(monkeypatch)
+    inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
+    wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper)
+    plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)
+    monkeypatch.setattr(adapter_module, "capturing", lambda q: True)
+    with pytest.raises(RuntimeError, match="PREFILL_BUNDLE_DEFER_PLAN=1.*capture"):
+        run(wrapper, inputs[0], tuple(inputs[1:3]))
+    assert recorder.calls == []
+
+
 def test_without_return_lse_run_returns_the_output_only(monkeypatch):
     result, _, _, _ = plan_and_run(monkeypatch, 64, return_lse=False)
     assert isinstance(result, torch.Tensor) and torch.all(result == 7.0)
@@ -258,6 +313,45 @@ def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_
 
     own, served, _ = own_and_served(flashinfer_call)  # unused slots cleaned: FlashInfer reads them
     check_served(own, served, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_deferred_flashinfer_plan_serves_and_falls_back_on_the_gpu(monkeypatch):
+    """PREFILL_BUNDLE_DEFER_PLAN=1 on FlashInfer's real wrapper: a served run() matches the
+    reference without FlashInfer's plan(); the same plan's run() once apply is off falls back,
+    runs the deferred plan() and gives FlashInfer's own output, bit for bit."""
+    from flashinfer_bench.apply import disable_apply
+
+    from prefill_bundle.serving import enable_bundle_apply
+
+    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    case = PagedCase((300, 17, 1), (2000, 17, 700), 64, shared_prefix=(0, 0, 0))
+    inputs = make_inputs(case, "cuda", seed=4)
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last = inputs[:7]
+    caches = (k_cache.nan_to_num(), v_cache.nan_to_num())
+    expected = reference_outputs(case, inputs)
+
+    def planned():
+        workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa3")
+        wrapper.plan(
+            qo_indptr, kv_indptr, kv_indices, last, 32, 8, 128, 64, causal=True,
+            sm_scale=1 / math.sqrt(128), q_data_type=q.dtype, kv_data_type=q.dtype,
+        )  # fmt: skip
+        return wrapper
+
+    own = list(planned().run(q, caches, return_lse=True))  # FlashInfer's (apply off)
+    runtime = enable_bundle_apply()
+    try:
+        wrapper = planned()
+        served = list(wrapper.run(q, caches, return_lse=True))
+    finally:
+        disable_apply()
+    assert sum(runtime.served.values()) == 1
+    check_served(own, served, expected)
+    fallback = list(wrapper.run(q, caches, return_lse=True))
+    assert torch.equal(fallback[0], own[0]) and torch.equal(fallback[1], own[1])
 
 
 @pytest.mark.gpu

@@ -8,14 +8,17 @@ Prints: which solution serves each bucket; end-to-end time of the stream with th
 each backend alone, fallback-only (torch SDPA) and FlashInfer-only; apply's per-call dispatch
 overhead; the FlashInfer drop-in (BatchPrefillWithRaggedKVCacheWrapper served by the bundle);
 and a prefix-cache chat (a shared system prompt in a paged cache, multi-turn follow-ups) through
-FlashInfer's BatchPrefillWithPagedKVCacheWrapper, with and without the bundle behind it.
+FlashInfer's BatchPrefillWithPagedKVCacheWrapper, with and without the bundle behind it, and
+with the bundle and FlashInfer's plan() deferred to a fallback (PREFILL_BUNDLE_DEFER_PLAN=1).
 """
 
 import argparse
 import math
+import os
 import statistics
 import time
 from collections import Counter
+from unittest import mock
 
 import flashinfer
 import torch
@@ -327,50 +330,57 @@ class TimedSteps:
         return self._timed("run", self.wrapper.run, q, cache)
 
 
-CHAT_ROUNDS = 4  # ABBA: FlashInfer alone and the bundle alternate
+DEFERRED = "bundle, plan deferred"  # the bundle with PREFILL_BUNDLE_DEFER_PLAN=1
+CHAT_ARMS = ("flashinfer", "bundle", DEFERRED)
+CHAT_ROUNDS = 6  # every arm once a round, the order rotated a place a round
 
 
 def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
-    """The chat through FlashInfer alone and with the bundle behind the same wrapper calls, in
-    alternating rounds (ABBA), each after a warm-up (JIT, plans, builds): its end-to-end time,
-    unsynchronized; then the same chat again with plan() and every run() synchronized and timed
-    apart. Both arms use the process's one paged wrapper (constructed once, planned per step);
-    FlashInfer's plan() runs in both arms (the bundle's adapter plans with it: its fallback
-    needs the plan). Returns medians over the rounds (end to end, plan, run), the end-to-end
-    time of every round, who served, and the difference of the final outputs."""
+    """The chat through FlashInfer alone, with the bundle behind the same wrapper calls, and
+    with the bundle and FlashInfer's plan() deferred to a fallback (PREFILL_BUNDLE_DEFER_PLAN=1,
+    flashinfer_adapter), every arm once a round, the order rotated, each after a warm-up (JIT,
+    plans, builds): its end-to-end time, unsynchronized; then the same chat again with plan()
+    and every run() synchronized and timed apart. Every arm uses the process's one paged wrapper
+    (constructed once, planned per step); in the bundle arm FlashInfer's plan() runs too (the
+    adapter plans with it: its fallback needs the plan). Returns medians over the rounds (end to
+    end, plan, run), the end-to-end time of every round, who served, and each bundle arm's
+    normwise difference of the final outputs to FlashInfer's."""
     e2e, timed, outputs = {}, {}, {}
     served = Counter()
     for round_ in range(rounds):
-        order = ("flashinfer", "bundle") if round_ % 2 == 0 else ("bundle", "flashinfer")
-        for label in order:
+        shift = round_ % len(CHAT_ARMS)
+        for label in CHAT_ARMS[shift:] + CHAT_ARMS[:shift]:
             runtime = None
-            if label == "bundle":
-                runtime = enable_bundle_apply()
-            else:
+            if label == "flashinfer":
                 without_adapters()
-            PagedChat(model, page_size).run(paged_wrapper)  # warm-up
-            counted, restore = record_dispatches(runtime)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            outputs[label] = PagedChat(model, page_size).run(paged_wrapper)
-            torch.cuda.synchronize()
-            e2e.setdefault(label, []).append(time.perf_counter() - start)
-            times = {}
-            PagedChat(model, page_size).run(TimedSteps(times))
+            else:
+                runtime = enable_bundle_apply()
+            defer = {"PREFILL_BUNDLE_DEFER_PLAN": "1" if label == DEFERRED else "0"}
+            with mock.patch.dict(os.environ, defer):
+                PagedChat(model, page_size).run(paged_wrapper)  # warm-up
+                counted, restore = record_dispatches(runtime)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                outputs[label] = PagedChat(model, page_size).run(paged_wrapper)
+                torch.cuda.synchronize()
+                e2e.setdefault(label, []).append(time.perf_counter() - start)
+                times = {}
+                PagedChat(model, page_size).run(TimedSteps(times))
             for part, seconds in times.items():
                 timed.setdefault((label, part), []).append(sum(seconds))
             restore()
             served.update(counted)
             if runtime is not None:
                 disable_apply()
-    error = normwise_error(outputs["bundle"], outputs["flashinfer"])
+    errors = {label: normwise_error(outputs[label], outputs["flashinfer"])
+              for label in CHAT_ARMS[1:]}  # fmt: skip
     medians = {
         label: tuple(
             statistics.median(v) for v in (e2e[label], timed[label, "plan"], timed[label, "run"])
         )  # fmt: skip
         for label in e2e
     }
-    return medians, e2e, dict(served), error
+    return medians, e2e, dict(served), errors
 
 
 def main():
@@ -422,17 +432,22 @@ def main():
         "\nprefix-cache chat (2048-token system prompt shared by 6 conversations, 3 turns) "
         "through BatchPrefillWithPagedKVCacheWrapper:"
     )
-    for page_size, (medians, rounds, served, error) in chats.items():
-        (fi_e2e, fi_plan, fi_run), (b_e2e, b_plan, b_run) = medians["flashinfer"], medians["bundle"]
-        print(f"  page size {page_size:2d}: end to end FlashInfer alone {fi_e2e * 1e3:.1f} ms, "
-              f"bundle behind it {b_e2e * 1e3:.1f} ms ({fi_e2e / b_e2e:.2f}); run() calls alone "
-              f"{fi_run * 1e3:.2f} vs {b_run * 1e3:.2f} ms ({fi_run / b_run:.2f}); plan() calls "
-              f"{fi_plan * 1e3:.2f} vs {b_plan * 1e3:.2f} ms; served by {served}; final hidden "
-              f"states differ by {error:.1e} (normwise)")  # fmt: skip
+    for page_size, (medians, rounds, served, errors) in chats.items():
+        fi_e2e, fi_plan, fi_run = medians["flashinfer"]
+        print(f"  page size {page_size:2d}: FlashInfer alone: end to end {fi_e2e * 1e3:.1f} ms, "
+              f"plan() calls {fi_plan * 1e3:.2f} ms, run() calls {fi_run * 1e3:.2f} ms; "
+              f"served by {served}")  # fmt: skip
+        for label in CHAT_ARMS[1:]:
+            b_e2e, b_plan, b_run = medians[label]
+            print(f"    {label}: end to end {b_e2e * 1e3:.1f} ms ({fi_e2e / b_e2e:.2f}), plan() "
+                  f"calls {b_plan * 1e3:.2f} ms, run() calls {b_run * 1e3:.2f} ms "
+                  f"({fi_run / b_run:.2f}); final hidden states differ by {errors[label]:.1e} "
+                  "(normwise)")  # fmt: skip
         for label, seconds in rounds.items():
             print(f"    {label} end to end per round: "
                   + ", ".join(f"{x * 1e3:.1f}" for x in seconds) + " ms")  # fmt: skip
-    print(f"  (medians of {CHAT_ROUNDS} rounds in ABBA order; ratios FlashInfer / bundle)")
+    print(f"  (medians of {CHAT_ROUNDS} rounds, the arms' order rotated; ratios FlashInfer / "
+          "the arm)")
 
 
 if __name__ == "__main__":

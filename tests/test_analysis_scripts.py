@@ -5,6 +5,7 @@ the GPU scripts."""
 
 import json
 import os
+from collections import Counter
 from unittest import mock
 
 import pytest
@@ -292,6 +293,54 @@ def test_call_arguments_poison_only_what_the_solution_writes_into():
         outputs = args[len(inputs) :]
         assert len(outputs) == (1 if isinstance(case, PaddedCase) else 2)  # output (and lse)
         assert outputs[0].shape == inputs[0].shape and outputs[0].isnan().all()
+
+
+def test_inference_loop_chat_rotates_its_arms_and_defers_plans_in_one(monkeypatch):
+    """prefix_cache_chat: every arm once a round, the order rotated; apply on around the two
+    bundle arms and FlashInfer's own methods for the other; PREFILL_BUNDLE_DEFER_PLAN=1 in the
+    deferred arm only (and restored after it); medians of end to end, plan and run."""
+    loop = load_script("inference_loop")
+    log, arm = [], {}
+
+    class Chat:
+        def __init__(self, model, page_size):
+            pass
+
+        def run(self, wrapper_for_step):
+            log.append(("chat", arm["label"], os.environ.get("PREFILL_BUNDLE_DEFER_PLAN")))
+            if isinstance(wrapper_for_step, loop.TimedSteps):
+                wrapper_for_step.times.update(plan=[0.5], run=[1.5])
+            return torch.ones(2)
+
+    def enable(names=None):
+        arm["label"] = "bundle-ish"
+        log.append(("on",))
+        return object()  # the runtime
+
+    def plain():
+        arm["label"] = "flashinfer"
+        log.append(("plain",))
+
+    monkeypatch.setattr(loop, "PagedChat", Chat)
+    monkeypatch.setattr(loop, "enable_bundle_apply", enable)
+    monkeypatch.setattr(loop, "disable_apply", lambda: log.append(("off",)))
+    monkeypatch.setattr(loop, "without_adapters", plain)
+    monkeypatch.setattr(loop, "record_dispatches", lambda runtime: (Counter(), lambda: None))
+    monkeypatch.setattr(loop.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.delenv("PREFILL_BUNDLE_DEFER_PLAN", raising=False)
+    medians, e2e, _, errors = loop.prefix_cache_chat(None, 64, rounds=3)
+    assert "PREFILL_BUNDLE_DEFER_PLAN" not in os.environ
+    assert set(medians) == set(loop.CHAT_ARMS) and all(len(v) == 3 for v in e2e.values())
+    assert all(m[1:] == (0.5, 1.5) for m in medians.values())
+    assert set(errors) == {"bundle", loop.DEFERRED} and errors["bundle"] == 0.0
+    # Three chats an arm (warm-up, timed end to end, timed steps), arms rotated a place a round.
+    chats = [entry for entry in log if entry[0] == "chat"]
+    assert len(chats) == 3 * 3 * 3
+    defer = [entry[2] for entry in chats]
+    firsts = [defer[i] for i in range(0, 27, 9)]  # each round's first arm
+    assert firsts == ["0", "0", "1"]  # flashinfer, bundle, deferred: rotated
+    assert defer.count("1") == 9 and all(e[1] == "bundle-ish" for e in chats if e[2] == "1")
+    assert log.count(("on",)) == 6 and log.count(("off",)) == 6 and log.count(("plain",)) == 3
 
 
 def test_inference_loop_rotates_the_stream_arms_and_takes_medians(monkeypatch):

@@ -134,17 +134,17 @@ def defers_plan(inst, plan: dict) -> bool:
 
 def planned_by_flashinfer(plan: dict, args: tuple, kwargs: dict) -> None:
     """Before FlashInfer's run(): its plan() if the adapter deferred it (once a plan)."""
-    flashinfer_plan = plan.pop("flashinfer_plan", None) if plan else None
-    if flashinfer_plan is None:
+    if not plan or "flashinfer_plan" not in plan:
         return
     q = args[0] if args else kwargs.get("q")
-    if torch.is_tensor(q) and capturing(q):
+    if torch.is_tensor(q) and capturing(q):  # the plan stays deferred for a run() outside
         raise RuntimeError(
             "PREFILL_BUNDLE_DEFER_PLAN=1: this run() falls back to FlashInfer's kernel inside a "
-            "CUDA graph capture, but its plan() was deferred and cannot run there; plan inside "
-            "the capture, or unset PREFILL_BUNDLE_DEFER_PLAN"
+            "CUDA graph capture, but its plan() was deferred and cannot run there; unset "
+            "PREFILL_BUNDLE_DEFER_PLAN for wrappers run under capture, or use FlashInfer's "
+            "use_cuda_graph=True wrappers (never deferred)"
         )
-    flashinfer_plan()
+    plan.pop("flashinfer_plan")()
 
 
 class BundleAdapter:

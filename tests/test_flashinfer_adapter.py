@@ -244,7 +244,8 @@ def test_deferred_plan_runs_for_apply_s_own_fallback(monkeypatch):
 
 
 def test_deferred_plan_refuses_a_fallback_inside_a_capture(monkeypatch):
-    """A deferred plan() cannot run inside a CUDA graph capture: the fallback says so."""
+    """A deferred plan() cannot run inside a CUDA graph capture: the fallback says so, and the
+    plan stays deferred for a run() outside it."""
     monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
     plan, run, recorder, _ = patched(monkeypatch)
     inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
@@ -254,6 +255,9 @@ def test_deferred_plan_refuses_a_fallback_inside_a_capture(monkeypatch):
     with pytest.raises(RuntimeError, match="PREFILL_BUNDLE_DEFER_PLAN=1.*capture"):
         run(wrapper, inputs[0], tuple(inputs[1:3]))
     assert recorder.calls == []
+    monkeypatch.setattr(adapter_module, "capturing", lambda q: False)  # the plan kept for later
+    assert run(wrapper, inputs[0], tuple(inputs[1:3]), sinks=torch.zeros(32)) == "orig"
+    assert recorder.calls == ["plan", "run"]
 
 
 def test_without_return_lse_run_returns_the_output_only(monkeypatch):

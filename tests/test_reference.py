@@ -11,6 +11,7 @@ from prefill_bundle.testing import (
     PaddedCase,
     PagedCase,
     RaggedCase,
+    gathered_ragged_inputs,
     load_definition,
     make_inputs,
     reference,
@@ -269,6 +270,20 @@ def test_paged_reference_matches_fp64_on_gathered_pages(case):
     torch.testing.assert_close(output.double(), want_out, atol=1e-2, rtol=1e-2)
     assert torch.equal(lse.isinf(), want_lse.isinf())
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: c.id)
+def test_gathered_ragged_inputs_are_the_pages_keys_in_order(case):
+    """testing.gathered_ragged_inputs (the ragged side of scripts/paged_vs_ragged.py): each
+    sequence's keys, no unowned slot, and the ragged reference on them is the paged one's."""
+    inputs = make_inputs(case, "cpu", seed=7)
+    q, k, v, qo_indptr, kv_tokens, sm_scale = gathered_ragged_inputs(case, inputs)
+    assert k.shape[0] == v.shape[0] == sum(case.kv_lens) and kv_tokens[-1] == k.shape[0]
+    assert not k.isnan().any() and not v.isnan().any()
+    paged_out, paged_lse = reference(case.definition)(*inputs)
+    out, lse = reference(RAGGED)(q, k, v, qo_indptr, kv_tokens, sm_scale)
+    torch.testing.assert_close(out, paged_out, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(lse, paged_lse, atol=1e-5, rtol=1e-5)
 
 
 def test_paged_definitions_take_flashinfer_traces_inputs():

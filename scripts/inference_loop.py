@@ -18,6 +18,7 @@ import os
 import statistics
 import time
 from collections import Counter
+from contextlib import contextmanager
 from unittest import mock
 
 import flashinfer
@@ -102,32 +103,46 @@ def without_adapters():
     get_manager().unpatch_all()
 
 
+@contextmanager
+def apply_for_arm(solutions):
+    """An arm's runs: solutions None: apply off and FlashInfer's own methods
+    (without_adapters); "every": apply over the whole bundle; a list: over those solutions.
+    Yields apply's runtime (None when off); apply is disabled after."""
+    if solutions is None:
+        without_adapters()
+        yield None
+        return
+    runtime = enable_bundle_apply(None if solutions == "every" else solutions)
+    try:
+        yield runtime
+    finally:
+        disable_apply()
+
+
+def rotated(labels, round_):
+    """labels rotated a place a round, so no arm always runs first or after the same one."""
+    shift = round_ % len(labels)
+    return labels[shift:] + labels[:shift]
+
+
 STREAM_ROUNDS = 5  # the stream's arms run in rotated order this many times; medians
 
 
 def stream_times(model, stream, arms, rounds=STREAM_ROUNDS):
     """Median end-to-end seconds of the stream per arm. arms: label -> (make_attention, the
-    solutions apply may route to: None for apply off, "every" for the whole bundle). Each arm
-    is warmed up once (JIT, plans, builds), then every round runs each arm once, the order
-    rotated a place a round, so no arm always runs first or after the same one."""
+    solutions apply may route to: apply_for_arm's). Each arm is warmed up once (JIT, plans,
+    builds), then every round runs each arm once, the order rotated."""
 
     def run(make_attention, solutions):
-        if solutions is None:
-            without_adapters()
-        else:
-            enable_bundle_apply(None if solutions == "every" else solutions)
-        try:
+        with apply_for_arm(solutions):
             return run_stream(model, stream, make_attention)
-        finally:
-            if solutions is not None:
-                disable_apply()
 
     labels = list(arms)
     for label in labels:
         run(*arms[label])
     times = {label: [] for label in labels}
     for round_ in range(rounds):
-        for label in labels[round_ % len(labels) :] + labels[: round_ % len(labels)]:
+        for label in rotated(labels, round_):
             times[label].append(run(*arms[label]))
     return {label: statistics.median(seconds) for label, seconds in times.items()}
 
@@ -348,15 +363,12 @@ def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
     e2e, timed, outputs = {}, {}, {}
     served = Counter()
     for round_ in range(rounds):
-        shift = round_ % len(CHAT_ARMS)
-        for label in CHAT_ARMS[shift:] + CHAT_ARMS[:shift]:
-            runtime = None
-            if label == "flashinfer":
-                without_adapters()
-            else:
-                runtime = enable_bundle_apply()
+        for label in rotated(CHAT_ARMS, round_):
             defer = {"PREFILL_BUNDLE_DEFER_PLAN": "1" if label == DEFERRED else "0"}
-            with mock.patch.dict(os.environ, defer):
+            with (
+                apply_for_arm(None if label == "flashinfer" else "every") as runtime,
+                mock.patch.dict(os.environ, defer),
+            ):
                 PagedChat(model, page_size).run(paged_wrapper)  # warm-up
                 counted, restore = record_dispatches(runtime)
                 torch.cuda.synchronize()
@@ -366,12 +378,10 @@ def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
                 e2e.setdefault(label, []).append(time.perf_counter() - start)
                 times = {}
                 PagedChat(model, page_size).run(TimedSteps(times))
+                restore()
             for part, seconds in times.items():
                 timed.setdefault((label, part), []).append(sum(seconds))
-            restore()
             served.update(counted)
-            if runtime is not None:
-                disable_apply()
     errors = {label: normwise_error(outputs[label], outputs["flashinfer"])
               for label in CHAT_ARMS[1:]}  # fmt: skip
     medians = {

@@ -1,6 +1,7 @@
-"""The bundle's drop-ins for FlashInfer's prefill wrappers under apply: plan() is recorded (and
-still run, for the fallback), run() calls apply with a definition's own arguments when the
-planned attention is one a definition computes, else FlashInfer's own run().
+"""The bundle's drop-ins for FlashInfer's prefill wrappers under apply: plan() is recorded
+(FlashInfer's own plan() deferred until a run() falls back: below), run() calls apply with a
+definition's own arguments when the planned attention is one a definition computes, else
+FlashInfer's own run().
 
 flashinfer-bench 0.1.2 has adapters for both wrappers. Two things make the bundle install its
 own (first: flashinfer-bench's patch manager then skips the methods already patched):
@@ -26,12 +27,17 @@ the stream is being captured. FlashInfer's graph mode copies each plan()'s indpt
 table into the wrapper's fixed buffers, which its captured kernel reads at every replay; a
 bundle call captured here would keep reading the tensors of the plan() before the capture.
 
-PREFILL_BUNDLE_DEFER_PLAN=1 (read at every plan(); off by default, not yet measured on a GPU):
-a plan() that a definition computes is recorded but FlashInfer's own plan() (host copies of the
-indptr, its scheduler's plan: 1.6-2.3 ms of scripts/inference_loop.py's 10-15 ms chat on the
-H200) runs only when a run() of that plan falls back to FlashInfer's kernel, once. A served
-plan then costs no FlashInfer plan at all. Not for wrappers whose run() may be captured while
-its plan() was not: FlashInfer's plan() cannot run inside a capture, so such a fallback raises.
+FlashInfer's own plan() is deferred (PREFILL_BUNDLE_DEFER_PLAN unset or 1, read at every
+plan(); 0 runs it at once): a plan() that a definition computes is recorded, and FlashInfer's
+plan() (host copies of the indptr, its scheduler's plan: 1.6-2.3 ms of the 10-15 ms chat of
+scripts/inference_loop.py on the H200) runs only when a run() of that plan falls back to
+FlashInfer's kernel, once, with the arguments plan() was given (tensors changed in place since
+then are read as they are now, as FlashInfer's run() reads them). A served plan costs no
+FlashInfer plan at all: the chat ran 1.12-1.36x as fast as FlashInfer end to end, against
+0.86-1.15x with the plan run at once (H200, 2026-12-02 (50)). Never deferred: use_cuda_graph=True
+wrappers and a plan() inside a capture. A wrapper whose run() is captured while its plan() was
+not must set PREFILL_BUNDLE_DEFER_PLAN=0: FlashInfer's plan() cannot run inside a capture, so
+such a fallback raises and says so.
 """
 
 from __future__ import annotations
@@ -123,9 +129,9 @@ def heads_match(q, plan: dict) -> bool:
 
 
 def defers_plan(inst, plan: dict) -> bool:
-    """PREFILL_BUNDLE_DEFER_PLAN=1 and a plan a definition computes, outside CUDA graphs."""
+    """A plan a definition computes, outside CUDA graphs, unless PREFILL_BUNDLE_DEFER_PLAN=0."""
     return (
-        os.environ.get("PREFILL_BUNDLE_DEFER_PLAN") == "1"
+        os.environ.get("PREFILL_BUNDLE_DEFER_PLAN", "1") != "0"
         and plan["unserved"] is None
         and not getattr(inst, "_use_cuda_graph", False)
         and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
@@ -139,9 +145,9 @@ def planned_by_flashinfer(plan: dict, args: tuple, kwargs: dict) -> None:
     q = args[0] if args else kwargs.get("q")
     if torch.is_tensor(q) and capturing(q):  # the plan stays deferred for a run() outside
         raise RuntimeError(
-            "PREFILL_BUNDLE_DEFER_PLAN=1: this run() falls back to FlashInfer's kernel inside a "
-            "CUDA graph capture, but its plan() was deferred and cannot run there; unset "
-            "PREFILL_BUNDLE_DEFER_PLAN for wrappers run under capture, or use FlashInfer's "
+            "this run() falls back to FlashInfer's kernel inside a CUDA graph capture, but its "
+            "plan() was deferred (the bundle's default) and cannot run there; set "
+            "PREFILL_BUNDLE_DEFER_PLAN=0 for wrappers run under capture, or use FlashInfer's "
             "use_cuda_graph=True wrappers (never deferred)"
         )
     plan.pop("flashinfer_plan")()
@@ -181,7 +187,7 @@ class BundleAdapter:
                 if defers_plan(inst, plan):
                     plan["flashinfer_plan"] = lambda: orig(inst, *args, **kwargs)
                     return None
-                return orig(inst, *args, **kwargs)  # the fallback needs FlashInfer's plan too
+                return orig(inst, *args, **kwargs)  # FlashInfer's run() will need it
 
             return plan_wrapper
 

@@ -8,8 +8,9 @@ Prints: which solution serves each bucket; end-to-end time of the stream with th
 each backend alone, fallback-only (torch SDPA) and FlashInfer-only; apply's per-call dispatch
 overhead; the FlashInfer drop-in (BatchPrefillWithRaggedKVCacheWrapper served by the bundle);
 and a prefix-cache chat (a shared system prompt in a paged cache, multi-turn follow-ups) through
-FlashInfer's BatchPrefillWithPagedKVCacheWrapper, with and without the bundle behind it, and
-with the bundle and FlashInfer's plan() deferred to a fallback (PREFILL_BUNDLE_DEFER_PLAN=1).
+FlashInfer's BatchPrefillWithPagedKVCacheWrapper, with and without the bundle behind it (its
+adapters defer FlashInfer's plan() to a fallback), and with the bundle and FlashInfer's plan()
+run at once (PREFILL_BUNDLE_DEFER_PLAN=0).
 """
 
 import argparse
@@ -345,26 +346,25 @@ class TimedSteps:
         return self._timed("run", self.wrapper.run, q, cache)
 
 
-DEFERRED = "bundle, plan deferred"  # the bundle with PREFILL_BUNDLE_DEFER_PLAN=1
-CHAT_ARMS = ("flashinfer", "bundle", DEFERRED)
+AT_ONCE = "bundle, plan at once"  # the bundle with PREFILL_BUNDLE_DEFER_PLAN=0
+CHAT_ARMS = ("flashinfer", "bundle", AT_ONCE)
 CHAT_ROUNDS = 6  # every arm once a round, the order rotated a place a round
 
 
 def prefix_cache_chat(model, page_size, rounds=CHAT_ROUNDS):
-    """The chat through FlashInfer alone, with the bundle behind the same wrapper calls, and
-    with the bundle and FlashInfer's plan() deferred to a fallback (PREFILL_BUNDLE_DEFER_PLAN=1,
-    flashinfer_adapter), every arm once a round, the order rotated, each after a warm-up (JIT,
-    plans, builds): its end-to-end time, unsynchronized; then the same chat again with plan()
-    and every run() synchronized and timed apart. Every arm uses the process's one paged wrapper
-    (constructed once, planned per step); in the bundle arm FlashInfer's plan() runs too (the
-    adapter plans with it: its fallback needs the plan). Returns medians over the rounds (end to
-    end, plan, run), the end-to-end time of every round, who served, and each bundle arm's
-    normwise difference of the final outputs to FlashInfer's."""
+    """The chat through FlashInfer alone, with the bundle behind the same wrapper calls
+    (FlashInfer's plan() deferred to a fallback, flashinfer_adapter's default), and with the
+    bundle and FlashInfer's plan() run at once (PREFILL_BUNDLE_DEFER_PLAN=0), every arm once a
+    round, the order rotated, each after a warm-up (JIT, plans, builds): its end-to-end time,
+    unsynchronized; then the same chat again with plan() and every run() synchronized and timed
+    apart. Every arm uses the process's one paged wrapper (constructed once, planned per step).
+    Returns medians over the rounds (end to end, plan, run), the end-to-end time of every round,
+    who served, and each bundle arm's normwise difference of the final outputs to FlashInfer's."""
     e2e, timed, outputs = {}, {}, {}
     served = Counter()
     for round_ in range(rounds):
         for label in rotated(CHAT_ARMS, round_):
-            defer = {"PREFILL_BUNDLE_DEFER_PLAN": "1" if label == DEFERRED else "0"}
+            defer = {"PREFILL_BUNDLE_DEFER_PLAN": "0" if label == AT_ONCE else "1"}
             with (
                 apply_for_arm(None if label == "flashinfer" else "every") as runtime,
                 mock.patch.dict(os.environ, defer),

@@ -295,10 +295,10 @@ def test_call_arguments_poison_only_what_the_solution_writes_into():
         assert outputs[0].shape == inputs[0].shape and outputs[0].isnan().all()
 
 
-def test_inference_loop_chat_rotates_its_arms_and_defers_plans_in_one(monkeypatch):
+def test_inference_loop_chat_rotates_its_arms_and_plans_at_once_in_one(monkeypatch):
     """prefix_cache_chat: every arm once a round, the order rotated; apply on around the two
-    bundle arms and FlashInfer's own methods for the other; PREFILL_BUNDLE_DEFER_PLAN=1 in the
-    deferred arm only (and restored after it); medians of end to end, plan and run."""
+    bundle arms and FlashInfer's own methods for the other; PREFILL_BUNDLE_DEFER_PLAN=0 in the
+    plan-at-once arm only (and restored after it); medians of end to end, plan and run."""
     loop = load_script("inference_loop")
     log, arm = [], {}
 
@@ -332,14 +332,14 @@ def test_inference_loop_chat_rotates_its_arms_and_defers_plans_in_one(monkeypatc
     assert "PREFILL_BUNDLE_DEFER_PLAN" not in os.environ
     assert set(medians) == set(loop.CHAT_ARMS) and all(len(v) == 3 for v in e2e.values())
     assert all(m[1:] == (0.5, 1.5) for m in medians.values())
-    assert set(errors) == {"bundle", loop.DEFERRED} and errors["bundle"] == 0.0
+    assert set(errors) == {"bundle", loop.AT_ONCE} and errors["bundle"] == 0.0
     # Three chats an arm (warm-up, timed end to end, timed steps), arms rotated a place a round.
     chats = [entry for entry in log if entry[0] == "chat"]
     assert len(chats) == 3 * 3 * 3
     defer = [entry[2] for entry in chats]
     firsts = [defer[i] for i in range(0, 27, 9)]  # each round's first arm
-    assert firsts == ["0", "0", "1"]  # flashinfer, bundle, deferred: rotated
-    assert defer.count("1") == 9 and all(e[1] == "bundle-ish" for e in chats if e[2] == "1")
+    assert firsts == ["1", "1", "0"]  # flashinfer, bundle, plan at once: rotated
+    assert defer.count("0") == 9 and all(e[1] == "bundle-ish" for e in chats if e[2] == "0")
     assert log.count(("on",)) == 6 and log.count(("off",)) == 6 and log.count(("plain",)) == 3
 
 

@@ -33,6 +33,13 @@ METHODS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def default_plan_deferral(monkeypatch):
+    """Every test starts from the adapter's default (FlashInfer's plan() deferred), whatever
+    the shell running pytest exports."""
+    monkeypatch.delenv("PREFILL_BUNDLE_DEFER_PLAN", raising=False)
+
+
 class Recorder:
     """FlashInfer's plan and run, reduced to their signatures: they record that they ran."""
 
@@ -93,7 +100,7 @@ def ragged_plan_and_run(monkeypatch, plan_kwargs=(), cuda_graph=False):
 @pytest.mark.parametrize("page_size, name", [(64, PAGED_PS64), (1, PAGED_PS1)])
 def test_apply_gets_the_definitions_own_arguments(monkeypatch, page_size, name):
     result, recorder, applied, inputs = plan_and_run(monkeypatch, page_size)
-    assert recorder.calls == ["plan"]  # planned for a fallback; run served by apply
+    assert recorder.calls == []  # FlashInfer's plan() deferred to a fallback; run served by apply
     [(called, kwargs)] = applied
     assert called == name
     expected = ["q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices"]
@@ -141,14 +148,14 @@ def test_what_no_paged_definition_computes_stays_flashinfers(monkeypatch, plan_k
 )
 def test_defaults_spelled_out_are_served(monkeypatch, plan_kwargs):
     _, recorder, applied, _ = plan_and_run(monkeypatch, 64, plan_kwargs=plan_kwargs)
-    assert recorder.calls == ["plan"] and [name for name, _ in applied] == [PAGED_PS64]
+    assert recorder.calls == [] and [name for name, _ in applied] == [PAGED_PS64]
 
 
 @pytest.mark.parametrize("scales", [{}, {"k_scale": 0.5, "v_scale": 2.0}])
 def test_fp8_caches_go_to_the_fp8_definition_with_runs_scales(monkeypatch, scales):
     _, recorder, applied, inputs = plan_and_run(monkeypatch, 64, run_kwargs=scales, fp8=True)
     [(called, kwargs)] = applied
-    assert called == PAGED_FP8 and recorder.calls == ["plan"]
+    assert called == PAGED_FP8 and recorder.calls == []
     assert list(kwargs) == ["q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
                             "kv_last_page_len", "k_scale", "v_scale", "sm_scale"]  # fmt: skip
     assert (kwargs["k_scale"], kwargs["v_scale"]) == (scales.get("k_scale", 1.0),
@@ -168,7 +175,7 @@ def test_ragged_wrapper_gets_the_ragged_or_window_definition(monkeypatch, window
         monkeypatch, {"window_left": window_left, "sm_scale": 0.2}
     )
     [(called, kwargs)] = applied
-    assert called == name and recorder.calls == ["plan"]
+    assert called == name and recorder.calls == []
     expected = ["q", "k", "v", "qo_indptr", "kv_indptr"] + ["window_left"] * (window_left >= 0)
     assert list(kwargs) == expected + ["sm_scale"]
     for position, key in enumerate(expected[:5]):
@@ -202,10 +209,9 @@ def test_run_arguments_by_keyword_or_extra_positional(monkeypatch):
 
 
 def test_deferred_plan_runs_flashinfers_plan_only_for_a_fallback(monkeypatch):
-    """PREFILL_BUNDLE_DEFER_PLAN=1: a served plan never runs FlashInfer's plan(); a run() of it
-    that falls back runs that plan() first, once; a plan no definition computes, or a CUDA-graph
-    wrapper's, is FlashInfer's at once."""
-    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    """By default a served plan never runs FlashInfer's plan(); a run() of it that falls back
+    runs that plan() first, once; a plan no definition computes, or a CUDA-graph wrapper's, is
+    FlashInfer's at once; PREFILL_BUNDLE_DEFER_PLAN=0 plans every plan() at once."""
     result, recorder, applied, inputs = plan_and_run(monkeypatch, 64)
     assert recorder.calls == [] and [name for name, _ in applied] == [PAGED_PS64]
     assert torch.all(result[0] == 7.0)
@@ -228,11 +234,16 @@ def test_deferred_plan_runs_flashinfers_plan_only_for_a_fallback(monkeypatch):
         _, recorder, applied, _ = plan_and_run(monkeypatch, 64, **kwargs)
         assert recorder.calls == ["plan", "run"] and applied == []
 
+    for value, calls in (("0", ["plan"]), ("1", [])):
+        monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", value)
+        result, recorder, applied, _ = plan_and_run(monkeypatch, 64)
+        assert recorder.calls == calls and [name for name, _ in applied] == [PAGED_PS64]
+        assert torch.all(result[0] == 7.0)
+
 
 def test_deferred_plan_runs_for_apply_s_own_fallback(monkeypatch):
     """apply's fallback (no solution for the key) is FlashInfer's run(): its deferred plan()
     first."""
-    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
     plan, run, recorder, _ = patched(monkeypatch)
     monkeypatch.setattr(adapter_module, "apply", lambda name, kwargs, fallback: fallback(**kwargs))
     inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
@@ -246,13 +257,12 @@ def test_deferred_plan_runs_for_apply_s_own_fallback(monkeypatch):
 def test_deferred_plan_refuses_a_fallback_inside_a_capture(monkeypatch):
     """A deferred plan() cannot run inside a CUDA graph capture: the fallback says so, and the
     plan stays deferred for a run() outside it."""
-    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
     plan, run, recorder, _ = patched(monkeypatch)
     inputs = make_inputs(PagedCase((3, 5), (70, 5), 64), "cpu")
     wrapper = new_wrapper(BatchPrefillWithPagedKVCacheWrapper)
     plan(wrapper, *inputs[3:7], 32, 8, 128, 64, causal=True)
     monkeypatch.setattr(adapter_module, "capturing", lambda q: True)
-    with pytest.raises(RuntimeError, match="PREFILL_BUNDLE_DEFER_PLAN=1.*capture"):
+    with pytest.raises(RuntimeError, match="capture.*PREFILL_BUNDLE_DEFER_PLAN=0"):
         run(wrapper, inputs[0], tuple(inputs[1:3]))
     assert recorder.calls == []
     monkeypatch.setattr(adapter_module, "capturing", lambda q: False)  # the plan kept for later
@@ -295,11 +305,14 @@ def check_served(own, served, expected):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("defer", ["1", "0"], ids=["plan_deferred", "plan_at_once"])
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_size):
+def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(monkeypatch, page_size,
+                                                                           defer):  # fmt: skip
     """plan + run through FlashInfer's own wrapper with apply enabled: the bundle's kernel
     answers (its result differs from FlashInfer's own in the last bits) and matches both the
-    reference and FlashInfer run without apply."""
+    reference and FlashInfer run without apply, FlashInfer's plan() deferred or not."""
+    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", defer)
     case = PagedCase((300, 17, 1), (2000, 17, 700), page_size, shared_prefix=(0, 0, 0))
     inputs = make_inputs(case, "cuda", seed=3)
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices = inputs[:6]
@@ -322,14 +335,13 @@ def test_flashinfer_wrapper_is_served_by_the_bundle_and_matches_flashinfer(page_
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_deferred_flashinfer_plan_serves_and_falls_back_on_the_gpu(monkeypatch):
-    """PREFILL_BUNDLE_DEFER_PLAN=1 on FlashInfer's real wrapper: a served run() matches the
+    """The deferred plan on FlashInfer's real wrapper: a served run() matches the
     reference without FlashInfer's plan(); the same plan's run() once apply is off falls back,
     runs the deferred plan() and gives FlashInfer's own output, bit for bit."""
     from flashinfer_bench.apply import disable_apply
 
     from prefill_bundle.serving import enable_bundle_apply
 
-    monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", "1")
     case = PagedCase((300, 17, 1), (2000, 17, 700), 64, shared_prefix=(0, 0, 0))
     inputs = make_inputs(case, "cuda", seed=4)
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, last = inputs[:7]

@@ -14,12 +14,13 @@ run at once (PREFILL_BUNDLE_DEFER_PLAN=0).
 """
 
 import argparse
+import io
 import math
 import os
 import statistics
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from unittest import mock
 
 import flashinfer
@@ -108,12 +109,15 @@ def without_adapters():
 def apply_for_arm(solutions):
     """An arm's runs: solutions None: apply off and FlashInfer's own methods
     (without_adapters); "every": apply over the whole bundle; a list: over those solutions.
-    Yields apply's runtime (None when off); apply is disabled after."""
+    Yields apply's runtime (None when off); apply is disabled after. flashinfer-bench prints a
+    line each time it installs its integrations; the arms' installs are kept quiet (main's first
+    one prints it)."""
     if solutions is None:
         without_adapters()
         yield None
         return
-    runtime = enable_bundle_apply(None if solutions == "every" else solutions)
+    with redirect_stdout(io.StringIO()):
+        runtime = enable_bundle_apply(None if solutions == "every" else solutions)
     try:
         yield runtime
     finally:

@@ -28,16 +28,16 @@ table into the wrapper's fixed buffers, which its captured kernel reads at every
 bundle call captured here would keep reading the tensors of the plan() before the capture.
 
 FlashInfer's own plan() is deferred (PREFILL_BUNDLE_DEFER_PLAN unset or 1, read at every
-plan(); 0 runs it at once): a plan() that a definition computes is recorded, and FlashInfer's
-plan() (host copies of the indptr, its scheduler's plan: 1.6-2.3 ms of the 10-15 ms chat of
-scripts/inference_loop.py on the H200) runs only when a run() of that plan falls back to
-FlashInfer's kernel, once, with the arguments plan() was given (tensors changed in place since
-then are read as they are now, as FlashInfer's run() reads them). A served plan costs no
-FlashInfer plan at all: the chat ran 1.12-1.36x as fast as FlashInfer end to end, against
-0.86-1.15x with the plan run at once (H200, 2026-12-02 (50)). Never deferred: use_cuda_graph=True
-wrappers and a plan() inside a capture. A wrapper whose run() is captured while its plan() was
-not must set PREFILL_BUNDLE_DEFER_PLAN=0: FlashInfer's plan() cannot run inside a capture, so
-such a fallback raises and says so.
+plan(); 0 runs it at once; any other value makes plan() raise): a plan() that a definition
+computes is recorded, and FlashInfer's plan() (host copies of the indptr, its scheduler's plan:
+1.6-2.3 ms of the 10-15 ms chat of scripts/inference_loop.py on the H200) runs only when a run()
+of that plan falls back to FlashInfer's kernel, once, with the arguments plan() was given
+(tensors changed in place since then are read as they are now, as FlashInfer's run() reads
+them). A served plan costs no FlashInfer plan at all: the chat ran 1.12-1.36x as fast as
+FlashInfer end to end, against 0.86-1.15x with the plan run at once (H200, 2026-12-02 (50)).
+Never deferred: use_cuda_graph=True wrappers and a plan() inside a capture. A wrapper whose
+run() is captured while its plan() was not must set PREFILL_BUNDLE_DEFER_PLAN=0: FlashInfer's
+plan() cannot run inside a capture, so such a fallback raises and says so.
 """
 
 from __future__ import annotations
@@ -128,10 +128,21 @@ def heads_match(q, plan: dict) -> bool:
     return q.dim() == 3 and q.shape[1] == plan["num_qo_heads"] and q.shape[2] == plan["head_dim_qk"]
 
 
+def deferral_enabled() -> bool:
+    """PREFILL_BUNDLE_DEFER_PLAN: unset or 1 defers, 0 does not; anything else is refused."""
+    value = os.environ.get("PREFILL_BUNDLE_DEFER_PLAN", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"PREFILL_BUNDLE_DEFER_PLAN={value!r}: expected 1 (defer FlashInfer's plan() until "
+            "a run() falls back, the default) or 0 (run it at plan())"
+        )
+    return value == "1"
+
+
 def defers_plan(inst, plan: dict) -> bool:
     """A plan a definition computes, outside CUDA graphs, unless PREFILL_BUNDLE_DEFER_PLAN=0."""
     return (
-        os.environ.get("PREFILL_BUNDLE_DEFER_PLAN", "1") != "0"
+        deferral_enabled()
         and plan["unserved"] is None
         and not getattr(inst, "_use_cuda_graph", False)
         and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

@@ -239,6 +239,10 @@ def test_deferred_plan_runs_flashinfers_plan_only_for_a_fallback(monkeypatch):
         result, recorder, applied, _ = plan_and_run(monkeypatch, 64)
         assert recorder.calls == calls and [name for name, _ in applied] == [PAGED_PS64]
         assert torch.all(result[0] == 7.0)
+    for value in ("true", "", "off"):  # a value the adapter does not know is not guessed at
+        monkeypatch.setenv("PREFILL_BUNDLE_DEFER_PLAN", value)
+        with pytest.raises(ValueError, match="PREFILL_BUNDLE_DEFER_PLAN=.*expected 1 .* or 0"):
+            plan_and_run(monkeypatch, 64)
 
 
 def test_deferred_plan_runs_for_apply_s_own_fallback(monkeypatch):

@@ -30,7 +30,7 @@ bundle call captured here would keep reading the tensors of the plan() before th
 FlashInfer's own plan() is deferred (PREFILL_BUNDLE_DEFER_PLAN unset or 1, read at every
 plan(); 0 runs it at once; any other value makes plan() raise): a plan() that a definition
 computes is recorded, and FlashInfer's plan() (host copies of the indptr, its scheduler's plan:
-1.6-2.3 ms of the 10-15 ms chat of scripts/inference_loop.py on the H200) runs only when a run()
+1.6-2.3 ms of the 10-17 ms chat of scripts/inference_loop.py on the H200) runs only when a run()
 of that plan falls back to FlashInfer's kernel, once, with the arguments plan() was given
 (tensors changed in place since then are read as they are now, as FlashInfer's run() reads
 them). A served plan costs no FlashInfer plan at all: the chat ran 1.12-1.36x as fast as

@@ -32,32 +32,44 @@ SHAPES = ["1x16384", "8x2048-causal"]
 QUERY = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.sw_power_cap"
 
 
-def sample(fn, seconds: float = 4.0) -> tuple:
-    """fn run back to back for `seconds`: (ms a call, median SM MHz, median W, last temperature,
+def sampled(run) -> tuple:
+    """run() under nvidia-smi sampling every 100 ms: (median SM MHz, median W, last temperature,
     samples with the power cap active, samples) over the last two thirds of the samples."""
     smi = subprocess.Popen(
         ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(0.3)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    calls, t0 = 0, time.perf_counter()
-    start.record()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(4):
-            fn()
-        calls += 4
-        torch.cuda.synchronize()
-    end.record()
-    torch.cuda.synchronize()
+    run()
     smi.terminate()
     rows = [line.split(", ") for line in smi.communicate()[0].splitlines() if line.count(",") == 3]
     rows = rows[len(rows) // 3 :]  # the steady state
     capped = sum(row[3].strip() == "Active" for row in rows)
     mhz = statistics.median(float(r[0]) for r in rows)
     watts = statistics.median(float(r[1]) for r in rows)
-    return start.elapsed_time(end) / calls, mhz, watts, rows[-1][2], capped, len(rows)
+    return mhz, watts, rows[-1][2], capped, len(rows)
+
+
+def sample(fn, seconds: float = 4.0) -> tuple:
+    """fn run back to back for `seconds`: (ms a call, then sampled()'s medians)."""
+    calls = 0
+
+    def run():
+        nonlocal calls
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(4):
+                fn()
+            calls += 4
+            torch.cuda.synchronize()
+        end.record()
+        torch.cuda.synchronize()
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    medians = sampled(run)
+    return (start.elapsed_time(end) / calls, *medians)
 
 
 def row(label: str, name: str, flops: float, fn) -> str:

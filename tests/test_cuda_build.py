@@ -305,6 +305,22 @@ def test_page_gather_benchmark_compiles_with_tma_row_boxes(tmp_path):
         assert "UTMALDG.3D" in by_method[method] and "BRA.U.ANY" in by_method[method]
 
 @needs_nvcc
+def test_multicast_power_probe_copies_what_it_compares(tmp_path):
+    """scripts/multicast_power.cu (cuda/TUNING.md, what multicast would save in power) builds for
+    sm_90a with one plain bulk copy and one multicast bulk copy in its loop and its prologue."""
+    binary = tmp_path / "multicast_power"
+    subprocess.run([NVCC, "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17",
+                    "-o", str(binary), str(REPO_ROOT / "scripts" / "multicast_power.cu")],
+                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    (sass,) = sass_by_function(cuobjdump, binary).values()
+    assert sass.count("UBLKCP.S.G.MULTICAST") == 2, sass
+    assert sass.count("UBLKCP.S.G ") == 2, sass
+
+
+@needs_nvcc
 def test_decode_kernel_fits_three_ctas_per_sm(compiled, objects):
     """gqa_decode_fp8_kernel (decode_fp8.cuh; cuda/TUNING.md, the decode kernel) builds for
     sm_90a with no spills within three CTAs of 128 threads an SM (<= 170 registers), and its

@@ -284,38 +284,37 @@ def test_page_gather_kernel_moves_rows_in_16_byte_vectors(compiled, objects):
         assert sass.count("LDG.E.128.CONSTANT") == 2 and sass.count("STG.E.128") == 2, sass
 
 
+def script_sass(tmp_path: Path, script: str, *flags: str) -> dict:
+    """scripts/SCRIPT built for sm_90a: sass_by_function of the binary (skips without cuobjdump)."""
+    binary = tmp_path / Path(script).stem
+    subprocess.run([NVCC, "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", *flags,
+                    "-o", str(binary), str(REPO_ROOT / "scripts" / script)],
+                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    return sass_by_function(cuobjdump, binary)
+
+
 @needs_nvcc
 def test_page_gather_benchmark_compiles_with_tma_row_boxes(tmp_path):
     """scripts/page_gather_bench.cu (cuda/TUNING.md, page size 1 by TMA boxes of one row)
     builds for sm_90a, and its TMA variants are what it measures: UTMALDG in a loop over the
     warp's lanes (BRA.U.ANY: the coordinates go through uniform registers), its cp.async
     variant 16-byte LDGSTS."""
-    binary = tmp_path / "page_gather_bench"
-    subprocess.run([NVCC, "-O3", "-arch=sm_90a", "-std=c++17", "-Wno-deprecated-declarations",
-                    "-o", str(binary), str(REPO_ROOT / "scripts" / "page_gather_bench.cu")],
-                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        pytest.skip("no cuobjdump")
-    functions = sass_by_function(cuobjdump, binary)
+    functions = script_sass(tmp_path, "page_gather_bench.cu", "-Wno-deprecated-declarations")
     by_method = {m: next(body for name, body in functions.items() if f"ILi{m}E" in name)
                  for m in range(5)}  # fmt: skip
     assert "LDGSTS.E.BYPASS.128" in by_method[0] and "UTMALDG" not in by_method[0]
     for method in (1, 3):
         assert "UTMALDG.3D" in by_method[method] and "BRA.U.ANY" in by_method[method]
 
+
 @needs_nvcc
 def test_multicast_power_probe_copies_what_it_compares(tmp_path):
     """scripts/multicast_power.cu (cuda/TUNING.md, what multicast would save in power) builds for
     sm_90a with one plain bulk copy and one multicast bulk copy in its loop and its prologue."""
-    binary = tmp_path / "multicast_power"
-    subprocess.run([NVCC, "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17",
-                    "-o", str(binary), str(REPO_ROOT / "scripts" / "multicast_power.cu")],
-                   check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        pytest.skip("no cuobjdump")
-    (sass,) = sass_by_function(cuobjdump, binary).values()
+    (sass,) = script_sass(tmp_path, "multicast_power.cu").values()
     assert sass.count("UBLKCP.S.G.MULTICAST") == 2, sass
     assert sass.count("UBLKCP.S.G ") == 2, sass
 

@@ -84,6 +84,10 @@ stream(const char* src, long chunks, int iters, int mode, long long delay, int* 
 }
 
 int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s MODE(0: each CTA copies, 1: multicast) DELAY SECONDS [ITERS]\n", argv[0]);
+    return 2;
+  }
   int mode = atoi(argv[1]); long long delay = atoll(argv[2]); double seconds = atof(argv[3]);
   int iters = argc > 4 ? atoi(argv[4]) : 2000;
   long bytes = 16L << 20, chunks = bytes / kChunk;
